@@ -1,0 +1,66 @@
+"""The ``ddtrain`` command: a table of subcommands, each a module with ``add_arguments`` and ``main``.
+
+Only the chosen subcommand's module is imported, so ``ddtrain --help`` is quick and one
+broken optional extra cannot take every command down.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from .errors import DDTrainError
+
+# command words -> (module, one-line help). One line per subcommand.
+COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("demo",): ("ddtrain.demo", "train simple-cnn on the bundled digits with 1, 2 and 4 workers and compare"),
+    ("train",): ("ddtrain.train_cli", "train a model data-parallel (locally with --nproc, or under torchrun/srun/mpirun)"),
+}
+
+
+def _usage() -> str:
+    width = max(len(" ".join(words)) for words in COMMANDS)
+    lines = ["usage: ddtrain COMMAND [options]   (ddtrain COMMAND --help for its options)", "", "commands:"]
+    lines += [f"  {' '.join(words):<{width}}  {help_}" for words, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def _match(argv: list[str]):
+    for n in (2, 1):
+        words = tuple(argv[:n])
+        if words in COMMANDS:
+            return words, argv[n:]
+    return None, argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from . import __version__
+        print(f"ddtrain {__version__}")
+        return 0
+    words, rest = _match(argv)
+    if words is None:
+        groups = sorted({w[0] for w in COMMANDS if len(w) > 1})
+        hint = f" (try: ddtrain {argv[0]} {'|'.join(w[1] for w in COMMANDS if w[0] == argv[0])})" if argv[0] in groups else ""
+        print(f"ddtrain: error: unknown command {' '.join(argv[:2])!r}{hint}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, help_ = COMMANDS[words]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog="ddtrain " + " ".join(words), description=help_,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    args.argv = rest
+    try:
+        return int(module.main(args) or 0)
+    except DDTrainError as exc:
+        from .runtime import eprint
+        eprint(f"ddtrain: error: {exc}")
+        return 2
+    except KeyboardInterrupt:
+        print("ddtrain: interrupted", file=sys.stderr)
+        return 130

@@ -1,0 +1,87 @@
+"""Which samples each rank sees in an epoch. Pure index arithmetic, no communication.
+
+``balanced`` (default): one permutation per epoch from a seed every rank shares; rank r
+takes every R-th index starting at r, so the union of the ranks' step-s batches is exactly
+the step-s batch of one process with an R-times larger batch (the equivalence tests rely
+on this). The n mod R samples left over are dropped (different ones each epoch) or, with
+``pad``, filled by repeating the start of the permutation.
+
+``contiguous``: document 000 Tables 6.1/6.2 — ranks 0..R-2 get floor(n/R) consecutive
+samples, the last rank the rest. Every rank still runs the same number of steps (that of
+the largest shard); shorter shards wrap around to their own first samples ("pad").
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils.data import Sampler
+
+from ..errors import DDTrainError
+
+POLICIES = ("balanced", "contiguous")
+
+
+def contiguous_sizes(n: int, world: int) -> list[int]:
+    """Document 000's chunk sizes: floor(n/R) for ranks 0..R-2, the remainder for the last."""
+    base = n // world
+    return [base] * (world - 1) + [n - base * (world - 1)]
+
+
+class ShardSampler(Sampler):
+    """Indices of this rank's shard for the current epoch; call ``set_epoch`` every epoch."""
+
+    def __init__(self, n: int, *, rank: int, world_size: int, shuffle: bool = True, seed: int = 0,
+                 policy: str = "balanced", remainder: str = "drop"):
+        if policy not in POLICIES:
+            raise DDTrainError(f"unknown sharding policy {policy!r}; valid: {', '.join(POLICIES)}")
+        if remainder not in ("drop", "pad"):
+            raise DDTrainError(f"unknown remainder policy {remainder!r}; valid: drop, pad")
+        if n < world_size:
+            raise DDTrainError(f"{n} samples cannot be shared among {world_size} ranks")
+        self.n, self.rank, self.world = n, rank, world_size
+        self.shuffle, self.seed, self.policy, self.remainder = shuffle, seed, policy, remainder
+        self.epoch = 0
+        if policy == "balanced":
+            self.per_rank = math.ceil(n / world_size) if remainder == "pad" else n // world_size
+        else:
+            self.per_rank = max(contiguous_sizes(n, world_size))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def _order(self) -> torch.Tensor:
+        if not self.shuffle:
+            return torch.arange(self.n)
+        return torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+
+    def indices(self) -> torch.Tensor:
+        order = self._order()
+        if self.policy == "balanced":
+            total = self.per_rank * self.world
+            if total > self.n:
+                order = torch.cat([order, order[: total - self.n]])
+            return order[self.rank:total:self.world]
+        sizes = contiguous_sizes(self.n, self.world)
+        start = sum(sizes[: self.rank])
+        mine = torch.arange(start, start + sizes[self.rank])
+        if self.shuffle:  # shuffle within the chunk, the chunk itself stays the document's
+            mine = mine[torch.randperm(len(mine), generator=torch.Generator().manual_seed(self.seed + self.epoch))]
+        if len(mine) < self.per_rank:
+            mine = mine.repeat(math.ceil(self.per_rank / len(mine)))[: self.per_rank]
+        return mine
+
+    def __iter__(self):
+        return iter(self.indices().tolist())
+
+    def __len__(self) -> int:
+        return self.per_rank
+
+    def describe(self) -> dict:
+        """What the results record says about the policy."""
+        if self.policy == "balanced":
+            left = self.n - self.per_rank * self.world
+            rule = f"dropped {left} samples per epoch" if left >= 0 else f"padded {-left} repeated samples per epoch"
+        else:
+            rule = "shorter shards repeat their first samples to match the largest"
+        return {"policy": self.policy, "samples_per_rank": self.per_rank, "remainder": rule}

@@ -1,0 +1,25 @@
+"""How replicas stay consistent during training: one module per strategy, one line in STRATEGIES.
+
+A strategy is a function ``wrap(model, optimizer, options) -> Synced``: it returns the model
+to call (e.g. DDP-wrapped), the optimizer to step (wrapped where the strategy syncs inside
+``step()``), and a ``SyncStats`` that reports traffic and waiting. At world size 1 every
+strategy returns the model and optimizer unchanged.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from ..errors import choice_error
+from .base import Synced, SyncOptions, SyncStats
+from .ddp import wrap_ddp
+
+STRATEGIES: dict[str, Callable[..., Synced]] = {
+    "ddp": wrap_ddp,
+}
+
+
+def wrap(strategy: str, model, optimizer, options: SyncOptions | None = None) -> Synced:
+    """Apply ``strategy`` to a model already on its device and an optimizer over its parameters."""
+    if strategy not in STRATEGIES:
+        raise choice_error("strategy", strategy, STRATEGIES)
+    return STRATEGIES[strategy](model, optimizer, options or SyncOptions())

@@ -1,0 +1,30 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE))
+SHARED = HERE.parent.parent / "shared"
+MNIST_DIR = SHARED / "data" / "mnist"
+BRAIN_DIR = SHARED / "data" / "brain"
+
+
+@pytest.fixture
+def mnist_dir():
+    if not (MNIST_DIR / "t10k-images-idx3-ubyte.gz").exists():
+        pytest.skip(f"the real MNIST test set is not at {MNIST_DIR}")
+    return MNIST_DIR
+
+
+@pytest.fixture
+def brain_dir():
+    if not BRAIN_DIR.is_dir():
+        pytest.skip(f"the MNI152 brain volumes are not at {BRAIN_DIR}")
+    return BRAIN_DIR
+
+
+def pytest_sessionfinish(session, exitstatus):
+    import multirank
+    multirank.close_all()

@@ -15,6 +15,8 @@ from .errors import DDTrainError
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("demo",): ("ddtrain.demo", "train simple-cnn on the bundled digits with 1, 2 and 4 workers and compare"),
     ("train",): ("ddtrain.train_cli", "train a model data-parallel (locally with --nproc, or under torchrun/srun/mpirun)"),
+    ("model", "comm"): ("ddtrain.model_cli", "communications per epoch of centralized, decentralized and 000's method (Table 5.1)"),
+    ("bench", "collectives"): ("ddtrain.bench.collectives", "time every all-reduce algorithm over a range of sizes against the alpha-beta model (nccl-tests style)"),
 }
 
 
@@ -61,6 +63,15 @@ def main(argv: list[str] | None = None) -> int:
         from .runtime import eprint
         eprint(f"ddtrain: error: {exc}")
         return 2
+    except Exception as exc:  # a bug or a failed peer: one line per rank, the traceback on request
+        import os
+        import traceback
+        from .runtime import eprint
+        if os.environ.get("DDTRAIN_DEBUG"):
+            traceback.print_exc()
+        eprint(f"ddtrain: error: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+               + ("" if os.environ.get("DDTRAIN_DEBUG") else "  (DDTRAIN_DEBUG=1 shows the traceback)"))
+        return 1
     except KeyboardInterrupt:
         print("ddtrain: interrupted", file=sys.stderr)
         return 130

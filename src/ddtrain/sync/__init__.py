@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Callable
 
+import torch.distributed as dist
+
 from ..errors import choice_error
 from .base import Synced, SyncOptions, SyncStats
 from .ddp import wrap_ddp
@@ -22,4 +24,8 @@ def wrap(strategy: str, model, optimizer, options: SyncOptions | None = None) ->
     """Apply ``strategy`` to a model already on its device and an optimizer over its parameters."""
     if strategy not in STRATEGIES:
         raise choice_error("strategy", strategy, STRATEGIES)
-    return STRATEGIES[strategy](model, optimizer, options or SyncOptions())
+    synced = STRATEGIES[strategy](model, optimizer, options or SyncOptions())
+    if synced.workers is None:  # every rank trains unless the strategy says otherwise
+        synced.workers = dist.get_world_size() if dist.is_initialized() else 1
+        synced.worker_rank = dist.get_rank() if dist.is_initialized() else 0
+    return synced

@@ -66,8 +66,9 @@ class Synced:
     module: nn.Module                       # the bare model, for evaluation and saving
     stats: SyncStats = field(default_factory=SyncStats)
     role: str = "worker"
-    workers: int = 1                        # ranks that train on data
-    worker_rank: int = 0                    # this rank's index among them
+    workers: int | None = None              # ranks that train on data (None: every rank)
+    worker_rank: int | None = None          # this rank's index among them (None: its rank)
+    group: object = None                    # process group of the workers (None: every rank)
     after_step: Callable[[int], None] = _noop
     end_epoch: Callable[[int], None] = _noop
     serve: Callable[[], None] = _noop

@@ -1,0 +1,78 @@
+"""Batches of one rank's shard, already on the training device.
+
+In-memory ``ArrayDataset``s are gathered a whole batch at a time (optionally from a copy
+resident on the GPU, so a step never waits on the host); other datasets go through a
+``torch.utils.data.DataLoader`` with worker processes, pinned memory and prefetch.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from ..errors import DDTrainError
+from .arrays import ArrayDataset
+from .sharding import ShardSampler
+
+
+def steps_per_epoch(samples_per_rank: int, batch_size: int) -> int:
+    """Every rank runs this many steps; a trailing batch of one sample is dropped (batch norm)."""
+    steps = math.ceil(samples_per_rank / batch_size)
+    if steps > 1 and samples_per_rank % batch_size == 1:
+        steps -= 1
+    return steps
+
+
+class ShardLoader:
+    """Iterate this rank's batches for the current epoch (``set_epoch`` reshuffles)."""
+
+    def __init__(self, dataset: Dataset, sampler: ShardSampler, batch_size: int, device: torch.device, *,
+                 workers: int = 0, on_device: bool = False, channels_last: bool = False, collate_fn=None):
+        if batch_size < 1:
+            raise DDTrainError(f"batch size must be at least 1, got {batch_size}")
+        if batch_size > len(sampler):
+            raise DDTrainError(f"batch size {batch_size} is larger than a rank's shard "
+                               f"({len(sampler)} samples on each of {sampler.world} ranks); "
+                               f"use a smaller --batch-size or fewer ranks")
+        self.dataset, self.sampler, self.batch_size, self.device = dataset, sampler, batch_size, device
+        self.channels_last = channels_last
+        self.steps = steps_per_epoch(len(sampler), batch_size)
+        self.fast = isinstance(dataset, ArrayDataset) and workers == 0
+        if self.fast and on_device and device.type != "cpu":
+            self.dataset = dataset.to(device)  # copied once
+        self.pin = device.type == "cuda"
+        self.workers, self.collate_fn = workers, collate_fn
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def _batches(self):
+        idx = self.sampler.indices()
+        for s in range(self.steps):
+            yield idx[s * self.batch_size:(s + 1) * self.batch_size]
+
+    def _place(self, x, y):
+        x = x.to(self.device, non_blocking=True)
+        y = y.to(self.device, non_blocking=True)
+        if self.channels_last and x.dim() == 4:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return x, y
+
+    def __iter__(self):
+        if self.fast:
+            on = self.dataset.x.device
+            for b in self._batches():
+                x, y = self.dataset.batch(b.to(on))
+                if self.pin and x.device.type == "cpu":
+                    x, y = x.pin_memory(), y.pin_memory()
+                yield self._place(x, y)
+            return
+        loader = DataLoader(self.dataset, batch_sampler=[b.tolist() for b in self._batches()],
+                            num_workers=self.workers, pin_memory=self.pin, collate_fn=self.collate_fn,
+                            persistent_workers=False, prefetch_factor=4 if self.workers else None)
+        for x, y in loader:
+            yield self._place(x, y)

@@ -1,0 +1,240 @@
+"""The training loop: sharded data, one strategy, metrics averaged over ranks, a results record.
+
+``fit`` is what ``ddtrain train`` runs; callers with their own loop use ``ddtrain.prepare``.
+"""
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from . import records, runtime
+from .config import TrainConfig
+from .data import Data
+from .data.loading import ShardLoader
+from .data.sharding import ShardSampler
+from .errors import DDTrainError
+from .progress import ProgressBar, epoch_line
+from .sync import SyncOptions, wrap
+
+
+class Callback:
+    """Override what you need; ``logs`` holds the step's or epoch's metrics (Keras-style)."""
+
+    def on_train_begin(self, state): ...
+    def on_epoch_begin(self, epoch, state): ...
+    def on_step_begin(self, step, state): ...
+    def on_step_end(self, step, logs, state): ...
+    def on_epoch_end(self, epoch, logs, state): ...
+    def on_train_end(self, record, state): ...
+
+
+def build_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+    return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+
+
+def sync_options(config: TrainConfig) -> SyncOptions:
+    return SyncOptions(sync_every=config.sync_every, servers=config.servers,
+                       staleness=config.staleness, check_every=config.check_every)
+
+
+def _loss_fn(task: str):
+    return F.cross_entropy if task == "classification" else F.mse_loss
+
+
+class _Meter:
+    """Sums kept on the device (no host sync per step), reduced over the workers at epoch end."""
+
+    def __init__(self, device):
+        self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss·n, correct, n
+
+    def add(self, loss, out, y, classify: bool):
+        n = y.shape[0]
+        self.sums[0] += loss.detach().double() * n
+        if classify:
+            self.sums[1] += (out.argmax(1) == y).sum()
+        self.sums[2] += n
+
+    def reduce(self, group, distributed: bool):
+        sums = self.sums.clone()
+        if distributed:
+            dist.all_reduce(sums, group=group)
+        loss_sum, correct, n = sums.tolist()
+        return (loss_sum / n if n else float("nan")), (correct / n if n else None), int(n)
+
+
+def evaluate(module: nn.Module, dataset, *, worker_rank: int, workers: int, batch_size: int, device,
+             task: str, group, distributed: bool, amp: str = "off", channels_last: bool = False):
+    """Loss and accuracy over ``dataset``, each worker taking every ``workers``-th sample."""
+    sampler = ShardSampler(len(dataset), rank=worker_rank, world_size=workers, shuffle=False, remainder="pad") \
+        if len(dataset) >= workers else None
+    meter, classify, loss_fn = _Meter(device), task == "classification", _loss_fn(task)
+    was_training = module.training
+    module.eval()
+    if sampler is not None:
+        # The padded tail would count some samples twice; evaluate exactly the real ones.
+        idx = torch.arange(worker_rank, len(dataset), workers)
+        loader = ShardLoader(dataset, _Fixed(idx, sampler), min(batch_size, max(len(idx), 1)), device,
+                             channels_last=channels_last) if len(idx) else []
+        with torch.no_grad(), _autocast(device, amp):
+            for x, y in loader:
+                out = module(x)
+                meter.add(loss_fn(out.float(), y), out, y, classify)
+    module.train(was_training)
+    loss, accuracy, _ = meter.reduce(group, distributed)
+    return loss, accuracy
+
+
+class _Fixed(ShardSampler):
+    def __init__(self, idx, like):
+        self.__dict__.update(like.__dict__)
+        self._idx, self.per_rank = idx, len(idx)
+
+    def indices(self):
+        return self._idx
+
+
+def _autocast(device, amp: str):
+    if amp == "off":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16 if amp == "bf16" else torch.float16)
+
+
+def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, loss_fn=None,
+        callbacks=()) -> dict:
+    """Train ``model`` on ``data`` with ``config.strategy``; returns (and writes) the results record."""
+    runtime.init()
+    device = runtime.device()
+    model = model.to(device)
+    if config.channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    optimizer = optimizer or build_optimizer(config, model.parameters())
+    synced = wrap(config.strategy, model, optimizer, sync_options(config))
+    distributed = runtime.is_distributed()
+    torch.manual_seed(config.seed * 1000 + runtime.rank())  # per-rank dropout and augmentation
+    step_model = torch.compile(synced.model) if config.compile else synced.model
+    loss_fn = loss_fn or _loss_fn(data.task)
+    classify = data.task == "classification"
+    scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
+    state = {"config": config, "model": synced.module, "optimizer": optimizer, "synced": synced}
+    sampler = ShardSampler(len(data.train), rank=synced.worker_rank, world_size=synced.workers,
+                           seed=config.seed, policy=config.sharding)
+    on_device = config.data_on_device == "yes" or (config.data_on_device == "auto" and device.type == "cuda")
+    loader = ShardLoader(data.train, sampler, config.batch_size, device, workers=config.loader_workers,
+                         on_device=on_device, channels_last=config.channels_last)
+    epochs = config.epochs or math.ceil(config.steps / loader.steps)
+    if config.steps:
+        epochs = min(epochs, math.ceil(config.steps / loader.steps)) if config.epochs else epochs
+    record = {"config": config.as_dict(), "world_size": runtime.world_size(), "workers": synced.workers,
+              "strategy": config.strategy, "role": synced.role, "sharding": sampler.describe(),
+              "global_batch_size": config.batch_size * synced.workers, "epochs": [],
+              "versions": records.versions(runtime.backend(), device)}
+    for cb in callbacks:
+        cb.on_train_begin(state)
+    if synced.role == "server":
+        synced.serve()
+    else:
+        _train_epochs(step_model, synced, loader, data, config, epochs, loss_fn, classify, scaler,
+                      device, distributed, callbacks, state, record)
+    synced.finish()
+    synced.update_stats()
+    record["comm"] = _gather_stats(synced, distributed)
+    record["final"] = {k: v for k, v in (record["epochs"][-1] if record["epochs"] else {}).items()
+                       if k.startswith("val_")}
+    if runtime.rank() == 0:
+        if config.out:
+            records.write_json(config.out, record)
+        if config.save:
+            records.save_model(synced.module, config.save)
+    for cb in callbacks:
+        cb.on_train_end(record, state)
+    return record
+
+
+def _train_epochs(step_model, synced, loader, data, config, epochs, loss_fn, classify, scaler, device,
+                  distributed, callbacks, state, record):
+    step, rank0 = 0, runtime.rank() == 0 and not config.quiet
+    step_model.train()
+    for epoch in range(1, epochs + 1):
+        loader.set_epoch(epoch)
+        for cb in callbacks:
+            cb.on_epoch_begin(epoch, state)
+        meter, split = _Meter(device), {"data_s": 0.0, "compute_s": 0.0, "optimizer_s": 0.0}
+        bar = ProgressBar(loader.steps, f"Epoch {epoch}/{epochs}", enabled=rank0)
+        start = last = time.perf_counter()
+        steps_done = 0
+        for x, y in loader:
+            if config.steps and step >= config.steps:
+                break
+            for cb in callbacks:
+                cb.on_step_begin(step, state)
+            t_data = time.perf_counter()
+            with _autocast(device, config.amp):
+                out = step_model(x)
+                loss = loss_fn(out.float(), y)
+            if device.type == "cpu" or step % 50 == 0:  # on a GPU, .item() every step would stall it
+                _check_finite(loss, step)
+            (scaler.scale(loss) if scaler else loss).backward()
+            t_compute = time.perf_counter()
+            if scaler:
+                scaler.step(synced.optimizer)
+                scaler.update()
+            else:
+                synced.optimizer.step()
+            synced.optimizer.zero_grad(set_to_none=True)
+            synced.after_step(step)
+            t_end = time.perf_counter()
+            split["data_s"] += t_data - last
+            split["compute_s"] += t_compute - t_data
+            split["optimizer_s"] += t_end - t_compute
+            last = t_end
+            meter.add(loss, out, y, classify)
+            step += 1
+            steps_done += 1
+            bar.update(steps_done, f"loss {loss.item():.4f}" if bar.enabled else "")
+            if rank0 and config.log_every and step % config.log_every == 0:
+                runtime.print0(f"  step {step} - loss: {loss.item():.4f}")
+            for cb in callbacks:
+                cb.on_step_end(step, {"loss": loss}, state)
+        synced.end_epoch(epoch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        elapsed = time.perf_counter() - start
+        bar.close()
+        train_loss, train_acc, n = meter.reduce(synced.group, distributed)
+        logs = {"epoch": epoch, "steps": steps_done, "time_s": elapsed, "train_loss": train_loss,
+                "train_accuracy": train_acc, "samples_per_s": n / elapsed if elapsed > 0 else float("nan"),
+                "step_split_s": {k: round(v, 6) for k, v in split.items()}}
+        if data.val is not None:
+            logs["val_loss"], logs["val_accuracy"] = evaluate(
+                synced.module, data.val, worker_rank=synced.worker_rank, workers=synced.workers,
+                batch_size=config.batch_size, device=device, task=data.task, group=synced.group,
+                distributed=distributed, amp=config.amp, channels_last=config.channels_last)
+        record["epochs"].append(logs)
+        if rank0:
+            runtime.print0(epoch_line(epoch, epochs, logs))
+        for cb in callbacks:
+            cb.on_epoch_end(epoch, logs, state)
+        if config.steps and step >= config.steps:
+            break
+
+
+def _check_finite(loss, step):
+    if not torch.isfinite(loss.detach()).item():
+        raise DDTrainError(f"loss is {loss.item()} at step {step}; lower --lr or check the data")
+
+
+def _gather_stats(synced, distributed) -> list[dict]:
+    mine = {"rank": runtime.rank(), "role": synced.role, **synced.stats.as_dict()}
+    if not distributed:
+        return [mine]
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return everyone

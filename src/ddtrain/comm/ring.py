@@ -1,0 +1,67 @@
+"""``ring``: reduce-scatter then all-gather around a ring (000's share-reduce / share-only phases).
+
+The buffer is cut into n chunks (the first ``N mod n`` one element longer). In reduce-scatter
+step s (s = 0..n-2) rank r sends chunk ``r-s`` to its right neighbour and receives chunk
+``r-s-1`` from its left, which it reduces into its own copy. After n-1 steps rank r holds chunk
+``r+1`` fully reduced -- and it is the only rank that computed it. The all-gather then copies
+each finished chunk around the ring in n-1 more steps, so every rank ends with the *same bits*
+(001's complaint that a ring "brackets the sum differently on each rank" applies only to rings
+that reduce on every rank; this one reduces each element exactly once).
+
+Determinism: chunk c is accumulated in the fixed order x_c, x_{c+1}, ..., x_{c-1} (ranks mod
+n), whatever the timing, so the same inputs always give the same bits.
+
+Traffic per rank: each rank sends every chunk except chunk ``r+1`` during reduce-scatter and
+every chunk except chunk ``r+2`` during all-gather: ``2N - |chunk r+1| - |chunk r+2|``
+elements, i.e. 2(n-1)/n·N when n divides N; 2(n-1) messages (empty chunks are not sent).
+Each step is one blocking exchange; ``ring-async`` pipelines them.
+"""
+from __future__ import annotations
+
+import torch
+
+from .ops import combine_, run_all_reduce
+from .p2p import Comm, sendrecv
+
+
+def chunk_bounds(numel: int, parts: int) -> list[int]:
+    """Offsets of ``parts`` near-equal chunks of ``numel`` elements (first ``numel % parts`` longer)."""
+    base, extra = divmod(numel, parts)
+    return [i * base + min(i, extra) for i in range(parts + 1)]
+
+
+def reduce_scatter_(flat: torch.Tensor, op: str, comm: Comm, bounds: list[int]) -> None:
+    """Ring reduce-scatter in place: afterwards chunk ``(rank + 1) % n`` of ``flat`` is fully reduced."""
+    n, r = comm.size, comm.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    combine = combine_(op)
+    tmp = torch.empty(max(bounds[i + 1] - bounds[i] for i in range(n)), dtype=flat.dtype, device=flat.device)
+    for s in range(n - 1):
+        send_c, recv_c = (r - s) % n, (r - s - 1) % n
+        lo, hi = bounds[recv_c], bounds[recv_c + 1]
+        incoming = tmp[: hi - lo]
+        sendrecv(comm, sends=[(right, flat[bounds[send_c]:bounds[send_c + 1]])],
+                 recvs=[(left, incoming)], label=f"reduce-scatter step {s}")
+        combine(flat[lo:hi], incoming)
+
+
+def all_gather_(flat: torch.Tensor, comm: Comm, bounds: list[int], first: int = 1,
+                phase: str = "all-gather") -> None:
+    """Ring all-gather in place: rank r starts owning chunk ``(r + first) % n``; afterwards all ranks hold all chunks."""
+    n, r = comm.size, comm.rank
+    right, left = (r + 1) % n, (r - 1) % n
+    for s in range(n - 1):
+        send_c, recv_c = (r + first - s) % n, (r + first - s - 1) % n
+        sendrecv(comm, sends=[(right, flat[bounds[send_c]:bounds[send_c + 1]])],
+                 recvs=[(left, flat[bounds[recv_c]:bounds[recv_c + 1]])], label=f"{phase} step {s}")
+
+
+def _ring_(flat: torch.Tensor, op: str, comm: Comm) -> None:
+    bounds = chunk_bounds(flat.numel(), comm.size)
+    reduce_scatter_(flat, op, comm, bounds)
+    all_gather_(flat, comm, bounds, first=1)
+
+
+def all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, *, timeout_s: float | None = None):
+    """Ring all-reduce of ``tensor`` in place (every rank ends bitwise identical); returns it."""
+    return run_all_reduce(tensor, op, group, timeout_s, "ring", _ring_)

@@ -2,7 +2,8 @@
 
 A builder takes keyword arguments ``num_classes``, ``in_channels`` and ``input_size``
 (H, W) plus its own options, and returns an ``nn.Module``. Nothing here knows about
-distribution.
+distribution. ``model_summary(model, input_shape)`` gives parameters, batch norm statistics
+and counted forward FLOPs per sample (see flops.py).
 """
 from __future__ import annotations
 
@@ -11,12 +12,26 @@ from typing import Callable
 import torch.nn as nn
 
 from ..errors import DDTrainError, choice_error
+from .alexnet import build_alexnet
 from .mlp import build_mlp
+from .resnet import build_resnet18, build_resnet50, build_resnet152
+from .resnet_v2 import build_resnet50v2, build_resnet152v2
 from .simple_cnn import build_simple_cnn
+from .unet import build_unet
+from .vgg import build_vgg16, build_vgg19
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "mlp": build_mlp,
     "simple-cnn": build_simple_cnn,
+    "unet": build_unet,
+    "alexnet": build_alexnet,
+    "vgg16": build_vgg16,
+    "vgg19": build_vgg19,
+    "resnet18": build_resnet18,
+    "resnet50": build_resnet50,
+    "resnet152": build_resnet152,
+    "resnet50v2": build_resnet50v2,
+    "resnet152v2": build_resnet152v2,
 }
 
 
@@ -35,3 +50,10 @@ def build_model(name: str, *, num_classes: int = 10, in_channels: int = 1,
 def parameter_count(model: nn.Module) -> int:
     """Learnable parameters (what torchvision and the papers count)."""
     return sum(p.numel() for p in model.parameters())
+
+
+def model_summary(model: nn.Module, input_shape: tuple[int, ...]) -> dict:
+    """``params``, ``buffers`` (batch norm running statistics) and counted forward
+    ``flops_per_sample`` for samples of shape ``input_shape``; see flops.py."""
+    from .flops import model_summary as summary  # late, so `python -m ...flops` runs cleanly
+    return summary(model, input_shape)

@@ -17,6 +17,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("train",): ("ddtrain.train_cli", "train a model data-parallel (locally with --nproc, or under torchrun/srun/mpirun)"),
     ("model", "comm"): ("ddtrain.model_cli", "communications per epoch of centralized, decentralized and 000's method (Table 5.1)"),
     ("bench", "collectives"): ("ddtrain.bench.collectives", "time every all-reduce algorithm over a range of sizes against the alpha-beta model (nccl-tests style)"),
+    ("cluster", "run"): ("ddtrain.cluster.cli", "run a ddtrain command on N emulated nodes (network namespaces) joined by rate-limited links"),
+    ("cluster", "clean"): ("ddtrain.cluster.clean", "remove emulated-cluster namespaces left behind by crashed or --keep runs"),
 }
 
 
@@ -64,14 +66,28 @@ def main(argv: list[str] | None = None) -> int:
         eprint(f"ddtrain: error: {exc}")
         return 2
     except Exception as exc:  # a bug or a failed peer: one line per rank, the traceback on request
-        import os
-        import traceback
-        from .runtime import eprint
-        if os.environ.get("DDTRAIN_DEBUG"):
-            traceback.print_exc()
-        eprint(f"ddtrain: error: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-               + ("" if os.environ.get("DDTRAIN_DEBUG") else "  (DDTRAIN_DEBUG=1 shows the traceback)"))
-        return 1
+        return _report_unexpected(exc)
     except KeyboardInterrupt:
         print("ddtrain: interrupted", file=sys.stderr)
         return 130
+
+
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET",
+             "connection refused", "Socket closed")
+
+
+def _report_unexpected(exc: Exception) -> int:
+    """One line for this rank. A rank that merely lost a failed peer says so without claiming the error."""
+    import os
+    import traceback
+    from .runtime import eprint
+    debug = bool(os.environ.get("DDTRAIN_DEBUG"))
+    if debug:
+        traceback.print_exc()
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    if any(p.lower() in text.lower() for p in PEER_LOST):
+        eprint(f"stopped: lost contact with another rank ({type(exc).__name__}: {first[:160]})")
+        return 1
+    eprint(f"ddtrain: error: {type(exc).__name__}: {first}" + ("" if debug else "  (DDTRAIN_DEBUG=1 shows the traceback)"))
+    return 1

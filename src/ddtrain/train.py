@@ -19,6 +19,7 @@ from .data import Data
 from .data.loading import ShardLoader
 from .data.sharding import ShardSampler
 from .errors import DDTrainError
+from .faults import maybe_inject
 from .progress import ProgressBar, epoch_line
 from .sync import SyncOptions, wrap
 
@@ -175,6 +176,7 @@ def _train_epochs(step_model, synced, loader, data, config, epochs, loss_fn, cla
                 break
             for cb in callbacks:
                 cb.on_step_begin(step, state)
+            maybe_inject(step, runtime.rank())
             t_data = time.perf_counter()
             with _autocast(device, config.amp):
                 out = step_model(x)

@@ -1,0 +1,74 @@
+"""What a user sees at the command line: one clear message and a non-zero exit for bad input."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def ddtrain(*args, timeout=240, env=None, cwd=None):
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("RANK", None)
+    return subprocess.run([sys.executable, "-m", "ddtrain", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=cwd)
+
+
+def assert_one_clear_error(result, *phrases):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, result.stderr
+    for phrase in phrases:
+        assert phrase in errors[0], errors[0]
+
+
+def test_help_lists_the_commands():
+    result = ddtrain("--help")
+    assert result.returncode == 0 and "train" in result.stdout and "demo" in result.stdout
+    assert ddtrain("train", "--help").returncode == 0
+
+
+@pytest.mark.parametrize("args,phrases", [
+    (["--model", "resnet9000"], ["unknown model 'resnet9000'", "simple-cnn"]),
+    (["--data", "cifar100:/x"], ["unknown data format 'cifar100'", "mnist:DIR"]),
+    (["--data", "mnist:/no/such/dir"], ["/no/such/dir does not exist"]),
+    (["--nproc", "0"], ["--nproc must be at least 1"]),
+    (["--batch-size", "2000", "--nproc", "2"], ["larger than a rank's shard", "719 each"]),
+    (["--strategy", "telepathy"], ["unknown strategy 'telepathy'", "ddp"]),
+    (["--lr", "-1"], ["--lr must be positive"]),
+    (["--out", "x.txt"], [".json"]),
+])
+def test_bad_input_gets_one_clear_message(args, phrases):
+    assert_one_clear_error(ddtrain("train", *args), *phrases)
+
+
+def test_unknown_command():
+    result = ddtrain("trian")
+    assert result.returncode == 2 and "unknown command 'trian'" in result.stderr
+
+
+def test_two_workers_train_and_write_a_record(tmp_path):
+    out, saved = tmp_path / "run.json", tmp_path / "model.pt"
+    result = ddtrain("train", "--model", "mlp", "--data", "digits", "--nproc", "2", "--epochs", "2",
+                     "--batch-size", "32", "--lr", "0.05", "--momentum", "0.9", "--out", str(out), "--save", str(saved))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("Epoch ") == 2  # rank 0 alone prints
+    record = json.loads(out.read_text())
+    assert record["world_size"] == 2 and record["strategy"] == "ddp" and len(record["epochs"]) == 2
+    assert record["final"]["val_accuracy"] > 0.8
+    assert [c["rank"] for c in record["comm"]] == [0, 1] and record["comm"][0]["bytes_sent"] > 0
+    import torch
+    state = torch.load(saved, weights_only=True)
+    assert state["1.weight"].shape == (128, 784)
+
+
+def test_a_failing_worker_ends_the_job_with_its_error_once():
+    # rank 1 fails at step 2 while rank 0 waits for its gradients
+    result = ddtrain("train", "--model", "mlp", "--data", "digits", "--nproc", "2", "--epochs", "1",
+                     env={"DDTRAIN_FAULT": "rank=1,step=2,kind=raise", "DDTRAIN_TIMEOUT_S": "60"})
+    assert result.returncode != 0
+    assert result.stderr.count("rank 1 deliberately failed") == 1, result.stderr
+    assert "worker rank 1 failed" in result.stderr
+    assert "Traceback" not in result.stderr, result.stderr

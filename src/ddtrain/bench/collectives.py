@@ -1,0 +1,273 @@
+"""``ddtrain bench collectives``: time every all-reduce algorithm over a range of message sizes.
+
+    ddtrain bench collectives --algorithms native,ring,tree --sizes 1K:64M --nproc 4
+    ddtrain bench collectives --sizes 8:1M --dtype float64 --json out.json --plot busbw.png
+
+nccl-tests' ``all_reduce_perf`` for ``ddtrain.comm``. Per size and algorithm: warm-up calls,
+then timed calls, each started right after a barrier; a call's time is the slowest rank's
+and the figure printed is the median over calls. Algorithm and bus bandwidth, the α-β-γ
+model's prediction from a calibration run at the start (``ddtrain.costmodel``), and the
+number of wrong elements against an exact single-process reference. Large messages get
+fewer calls (``--budget-s``) so a 1K:64M sweep fits in minutes on a laptop.
+docs/PERFORMANCE.md defines every column.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.distributed as dist
+
+from .. import launch, runtime
+from ..costmodel import LinkParams, bus_bandwidth_factor, predict_time
+from ..errors import DDTrainError, choice_error
+from .collectives_output import check_plot_available, render, summarize, write_outputs
+
+SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
+          "bfloat16": torch.bfloat16, "int8": torch.int8, "int16": torch.int16,
+          "int32": torch.int32, "int64": torch.int64}
+BENCH_OPS = ("sum", "avg", "max", "min")   # ops whose reference is exact on our test pattern
+CALIBRATION_MAX_BYTES = 16 << 20
+
+
+@dataclass(kw_only=True)
+class BenchConfig:
+    """What to measure; checked before any process starts."""
+
+    algorithms: list[str]          # names in ddtrain.comm.ALGORITHMS
+    sizes: list[int]               # message sizes in bytes, each a whole number of elements
+    dtype: str = "float32"
+    op: str = "sum"
+    iters: int = 20                # most timed calls per size and algorithm
+    min_iters: int = 3             # fewest timed calls, whatever the budget
+    warmup: int = 5                # most untimed calls before timing
+    budget_s: float = 1.0          # seconds of timed calls per size and algorithm, roughly
+    calibrate: bool = True         # fit alpha, beta, gamma first and predict every time
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise choice_error("dtype", self.dtype, DTYPES)
+        if self.op not in BENCH_OPS:
+            raise choice_error("op", self.op, BENCH_OPS)
+        if self.op == "avg" and not DTYPES[self.dtype].is_floating_point:
+            raise DDTrainError(f"--op avg needs a floating-point --dtype, got {self.dtype}")
+        if not self.algorithms:
+            raise DDTrainError("--algorithms: give at least one algorithm")
+        if self.iters < 1 or self.min_iters < 1 or self.min_iters > self.iters:
+            raise DDTrainError(f"need 1 <= --min-iters <= --iters, got --min-iters {self.min_iters} "
+                               f"--iters {self.iters}")
+        if self.warmup < 0:
+            raise DDTrainError(f"--warmup must be >= 0, got {self.warmup}")
+        if not self.budget_s > 0:
+            raise DDTrainError(f"--budget-s must be positive, got {self.budget_s}")
+
+
+def parse_size(text: str) -> int:
+    """``"64"``, ``"1K"``, ``"64M"``, ``"1G"`` (binary units, optional trailing B) -> bytes."""
+    match = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:I?B)?\s*", text.upper())
+    if not match:
+        raise DDTrainError(f"bad size {text!r}: expected a whole number of bytes with an optional "
+                           "K, M or G suffix (powers of 1024), e.g. 1K or 64M")
+    return int(match.group(1)) * SIZE_UNITS[match.group(2)]
+
+
+def parse_sizes(text: str, element_size: int) -> list[int]:
+    """``"MIN:MAX"`` -> MIN, 2·MIN, 4·MIN, … up to MAX (bytes); ``"SIZE"`` -> [SIZE]."""
+    low, _, high = text.partition(":")
+    low, high = parse_size(low), parse_size(high or low)
+    if low < element_size:
+        raise DDTrainError(f"--sizes: the smallest size must hold one element ({element_size} B), got {low} B")
+    if high < low:
+        raise DDTrainError(f"--sizes: MAX ({high} B) is smaller than MIN ({low} B)")
+    sizes, size = [], low
+    while size <= high:
+        sizes.append(size - size % element_size)
+        size *= 2
+    return sizes
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--algorithms", default=None, metavar="NAME[,NAME...]",
+                        help="all-reduce algorithms to time (default: all of ddtrain.comm.ALGORITHMS)")
+    parser.add_argument("--sizes", default="1K:16M", metavar="MIN:MAX",
+                        help="message sizes in bytes, doubling from MIN to MAX; K, M, G = 1024, 1024², 1024³")
+    parser.add_argument("--nproc", type=int, default=2,
+                        help="local ranks to start (ignored under a launcher; 1 rank measures nothing)")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type")
+    parser.add_argument("--op", default="sum", choices=BENCH_OPS, help="reduction")
+    parser.add_argument("--iters", type=int, default=20, help="most timed calls per size and algorithm")
+    parser.add_argument("--min-iters", type=int, default=3, help="fewest timed calls per size and algorithm")
+    parser.add_argument("--warmup", type=int, default=5, help="most untimed calls before timing")
+    parser.add_argument("--budget-s", type=float, default=1.0,
+                        help="seconds of timed calls per size and algorithm: large messages get fewer calls")
+    parser.add_argument("--no-calibrate", action="store_true",
+                        help="skip the alpha-beta-gamma calibration (no predicted column)")
+    parser.add_argument("--json", metavar="FILE", help="write every number as JSON to FILE")
+    parser.add_argument("--plot", metavar="FILE", help="write a PNG of busbw (and predicted) against size")
+    parser.add_argument("--backend", choices=["gloo", "nccl"], help="process-group backend (default: automatic)")
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds any one wait may take")
+
+
+def config_from_args(args) -> BenchConfig:
+    from ..comm import ALGORITHMS
+
+    names = list(ALGORITHMS) if args.algorithms is None else [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    for name in names:
+        if name not in ALGORITHMS:
+            raise choice_error("algorithm", name, ALGORITHMS)
+    if args.dtype not in DTYPES:
+        raise choice_error("dtype", args.dtype, DTYPES)
+    element_size = torch.empty((), dtype=DTYPES[args.dtype]).element_size()
+    return BenchConfig(algorithms=names, sizes=parse_sizes(args.sizes, element_size), dtype=args.dtype,
+                       op=args.op, iters=args.iters, min_iters=args.min_iters, warmup=args.warmup,
+                       budget_s=args.budget_s, calibrate=not args.no_calibrate)
+
+
+def main(args) -> int:
+    config = config_from_args(args)
+    if args.plot:
+        check_plot_available()
+    if args.timeout <= 0:
+        raise DDTrainError(f"--timeout must be positive, got {args.timeout}")
+    if not launch.inside_launcher():
+        if args.nproc < 1:
+            raise DDTrainError(f"--nproc must be at least 1, got {args.nproc}")
+        argv = ["bench", "collectives", *launch.strip_option(args.argv, "--nproc")]
+        return launch.run_local(args.nproc, argv, env={"DDTRAIN_TIMEOUT_S": str(args.timeout)})
+    runtime.init(backend=args.backend, timeout_s=args.timeout)
+    try:
+        result = run_bench(config)
+        if runtime.rank() == 0:
+            print(render(result), flush=True)
+            write_outputs(result, json_path=args.json, plot_path=args.plot)
+    finally:
+        runtime.shutdown()
+    return 0
+
+
+def run_bench(config: BenchConfig, group=None) -> dict:
+    """Calibrate, then time every (size, algorithm); call on every rank. Same result everywhere."""
+    from ..comm import all_reduce
+    from ..costmodel import calibrate
+
+    start = time.perf_counter()
+    device = runtime.device()
+    ranks = dist.get_world_size(group) if dist.is_initialized() else 1
+    rank = dist.get_rank(group) if dist.is_initialized() else 0
+    dtype = DTYPES[config.dtype]
+    calibration = None
+    if config.calibrate:
+        calib_max = min(CALIBRATION_MAX_BYTES, max(64 << 10, max(config.sizes)))
+        calibration = calibrate(group, max_bytes=calib_max, device=device)
+        _progress(rank, f"# calibration done in {calibration.elapsed_s:.1f} s")
+    rows = []
+    for done, size in enumerate(config.sizes, 1):
+        count = size // torch.empty((), dtype=dtype).element_size()
+        inputs, expected = _pattern(rank, count, dtype, ranks, config.op, device)
+        for algorithm in config.algorithms:
+            def call(work=None, algorithm=algorithm):
+                all_reduce(work, algorithm=algorithm, op=config.op, group=group)
+            seconds, iters, wrong = _time_calls(call, inputs, expected, config, group, device)
+            rows.append(_row(size, count, config.dtype, algorithm, seconds, iters, wrong, ranks,
+                             calibration.params if calibration else None))
+        _progress(rank, f"# {done}/{len(config.sizes)} sizes done (up to {size} B), "
+                        f"{time.perf_counter() - start:.1f} s")
+    result = {"config": asdict(config), "world_size": ranks, "backend": runtime.backend() or "none",
+              "device": str(device), "calibration": calibration.as_dict() if calibration else None,
+              "rows": rows, "elapsed_s": time.perf_counter() - start}
+    result["summary"] = summarize(result)
+    return result
+
+
+def _row(size, count, type_name, algorithm, seconds, iters, wrong, ranks, params: LinkParams | None) -> dict:
+    algbw = size / seconds / 1e9 if seconds > 0 else float("nan")
+    predicted = predict_time(algorithm, size, ranks, params) if params is not None else None
+    error = (100 * (predicted - seconds) / seconds) if predicted is not None and seconds > 0 else None
+    return {"size_bytes": size, "count": count, "type": type_name, "algorithm": algorithm,
+            "time_us": seconds * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * bus_bandwidth_factor(ranks),
+            "predicted_us": predicted * 1e6 if predicted is not None else None, "error_pct": error,
+            "wrong": wrong, "iters": iters}
+
+
+def _pattern(rank, count, dtype, ranks, op, device):
+    """This rank's input and the exact expected result.
+
+    Rank r holds ((i + 3r) mod 9) − 4 at index i: small integers, so every sum, average and
+    extremum is exact in every dtype and any order of reduction gives the same bits. The
+    reference combines all ranks' patterns in one process, in int64, before the cast.
+    """
+    index = torch.arange(count, dtype=torch.int64)
+
+    def of(r):
+        return (index + 3 * r) % 9 - 4
+
+    mine = of(rank).to(dtype)
+    acc = of(0)
+    for r in range(1, ranks):
+        other = of(r)
+        acc = acc + other if op in ("sum", "avg") else (torch.maximum(acc, other) if op == "max"
+                                                        else torch.minimum(acc, other))
+    expected = acc.to(dtype)
+    if op == "avg":
+        expected = expected / ranks
+    return mine.to(device), expected.to(device)
+
+
+def _time_calls(call, inputs, expected, config: BenchConfig, group, device) -> tuple[float, int, int]:
+    """(median seconds, timed calls, wrong elements summed over ranks) for one size and algorithm."""
+    work = torch.empty_like(inputs)
+
+    def once() -> float:
+        work.copy_(inputs)
+        _sync(device)
+        if dist.is_initialized():
+            dist.barrier(group)
+        t0 = time.perf_counter()
+        call(work)
+        _sync(device)
+        return time.perf_counter() - t0
+
+    probe = _all_max([once()], group, device)[0]   # the first call: untimed unless --warmup 0
+    timed = [] if config.warmup else [probe]
+    for _ in range(min(config.warmup - 1, int(config.budget_s / 4 / max(probe, 1e-9)))):
+        once()
+    iters = int(max(config.min_iters, min(config.iters, config.budget_s / max(probe, 1e-9))))
+    timed += [once() for _ in range(iters - len(timed))]
+    timed = _all_max(timed, group, device)          # per call, the slowest rank
+    wrong = torch.tensor([int((work != expected).sum())], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        wrong = _summed(wrong, group, device)
+    return statistics.median(timed), iters, int(wrong.item())
+
+
+def _summed(value: torch.Tensor, group, device) -> torch.Tensor:
+    t = value.to(_collective_device(group, device))
+    dist.all_reduce(t, group=group)
+    return t.cpu()
+
+
+def _all_max(values, group, device) -> list[float]:
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=_collective_device(group, device))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    return t.tolist()
+
+
+def _collective_device(group, device):
+    return device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _progress(rank: int, message: str) -> None:
+    if rank == 0:
+        print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,26 @@
+"""Cost model of communication: what the documents count, and what an all-reduce should take.
+
+- ``counts``: document 000's communications per epoch (Table 5.1) for the centralized,
+  decentralized and proposed methods, exact for any N, R, E;
+- ``alphabeta``: α-β-γ predicted time of one all-reduce for every algorithm in
+  ``ddtrain.comm`` (``PREDICTORS``, ``predict_time``);
+- ``calibration``: α, β and γ fitted from point-to-point timings on the current group.
+"""
+from __future__ import annotations
+
+from .alphabeta import (PREDICTORS, LinkParams, bus_bandwidth_factor, butterfly_time, central_time,
+                        native_time, predict_time, ring_async_time, ring_time, tree_time)
+from .counts import (METHODS, CountRow, centralized_count, count_table, decentralized_count,
+                     format_count, proposed_count)
+
+
+def calibrate(group=None, **kwargs):
+    """Fit α, β, γ on ``group`` (see ``ddtrain.costmodel.calibration``); call on all its ranks."""
+    from .calibration import calibrate as _calibrate
+    return _calibrate(group, **kwargs)
+
+
+__all__ = ["PREDICTORS", "LinkParams", "bus_bandwidth_factor", "butterfly_time", "central_time",
+           "native_time", "predict_time", "ring_async_time", "ring_time", "tree_time", "METHODS",
+           "CountRow", "centralized_count", "count_table", "decentralized_count", "format_count",
+           "proposed_count", "calibrate"]

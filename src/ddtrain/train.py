@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import records, runtime
+from . import records, runtime, tracing
 from .config import TrainConfig
 from .data import Data
 from .data.loading import ShardLoader
@@ -196,6 +196,10 @@ def _train_epochs(step_model, synced, loader, data, config, epochs, loss_fn, cla
             split["data_s"] += t_data - last
             split["compute_s"] += t_compute - t_data
             split["optimizer_s"] += t_end - t_compute
+            if tracing.enabled():
+                tracing.add("data", last, t_data, step=step)
+                tracing.add("forward+backward", t_data, t_compute, step=step)
+                tracing.add("optimizer+sync", t_compute, t_end, step=step)
             last = t_end
             meter.add(loss, out, y, classify)
             step += 1

@@ -15,16 +15,25 @@ from torch.utils.data import Dataset, Subset
 
 from ..errors import DDTrainError, choice_error
 from .arrays import ArrayDataset
+from .cifar10 import load_cifar10
 from .digits import load_digits
+from .imagefolder import load_imagefolder
 from .mnist import load_mnist
+from .nifti import load_nifti
 from .npz import load_npz
+from .synthetic import load_synthetic
 
 DATASETS: dict[str, Callable[..., Dataset]] = {
     "digits": load_digits,
     "mnist": load_mnist,
     "npz": load_npz,
+    "cifar10": load_cifar10,
+    "imagefolder": load_imagefolder,
+    "nifti": load_nifti,
+    "synthetic": load_synthetic,
 }
-NEEDS_ARG = {"mnist": "DIR", "npz": "FILE"}
+NEEDS_ARG = {"mnist": "DIR", "npz": "FILE", "cifar10": "DIR", "imagefolder": "DIR", "nifti": "DIR",
+             "synthetic": "NAME"}
 
 
 @dataclass
@@ -61,15 +70,16 @@ def load_dataset(spec: str, *, val_fraction: float = 0.2, seed: int = 0, **optio
     if n - n_val < 1:
         raise DDTrainError(f"{spec}: {n} samples leave nothing to train on after the validation split")
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    if n_val:
-        train, val = _subset(full, order[n_val:]), _subset(full, order[:n_val])
+    if n_val:  # a dataset with train-time augmentation validates on its eval_view
+        evaluated = full.eval_view() if hasattr(full, "eval_view") else full
+        train, val = _subset(full, order[n_val:]), _subset(evaluated, order[:n_val])
     else:
         train, val = full, None
     return Data(spec, train, val, full.num_classes, tuple(full.sample_shape), full.task)
 
 
 def _subset(ds: Dataset, idx: torch.Tensor) -> Dataset:
-    if isinstance(ds, ArrayDataset):
+    if hasattr(ds, "select"):  # ArrayDataset, BatchDataset, ImageFolderDataset: stay lazy and batchable
         return ds.select(idx)
     sub = Subset(ds, idx.tolist())
     for attr in ("num_classes", "sample_shape", "task"):

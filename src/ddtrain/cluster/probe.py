@@ -1,0 +1,120 @@
+"""Measure what the emulated links carry, through the process group (Gloo send/recv).
+
+    ddtrain cluster run --nodes 2 --link 200mbit -- python -m ddtrain.cluster.probe
+    ddtrain cluster run --nodes 4 --link 200mbit -- python -m ddtrain.cluster.probe --modes send,bidi,incast
+
+Modes (first rank = rank 0 on node 0, last rank = the last rank, on the last node):
+  send    first rank sends BYTES to the last rank; rate = BYTES / receive time.
+  bidi    first and last rank send BYTES to each other at once (a link is full duplex, so each
+          direction should reach the link rate); rate = per direction.
+  incast  every rank except the first sends BYTES to the first at once; rate = total received
+          by the first rank / time, bounded by the first node's link (the server's, in ps terms).
+Each mode runs ``--repeat`` times after a small warm-up exchange; the table shows the median.
+``of_link`` divides by the bottleneck link rate the cluster exported (DDTRAIN_*LINK_BPS); it
+is blank outside ``ddtrain cluster run``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+from .. import runtime
+from . import link_rate_bps
+
+MODES = ("send", "bidi", "incast")
+
+
+def _bottleneck_bps(mode: str) -> int | None:
+    worker = link_rate_bps()
+    server = link_rate_bps(server=True)
+    if worker is None:
+        return None
+    return min(worker, server or worker)  # every mode involves node 0 (maybe a --server-link)
+
+
+def _once(mode: str, nbytes: int, world: int, rank: int) -> float | None:
+    """Time one transfer; the receiving side returns its rate in bits/s, others None."""
+    first, last = 0, world - 1
+    payload = torch.ones(nbytes, dtype=torch.uint8)
+    inbox = torch.empty(nbytes, dtype=torch.uint8)
+    dist.barrier()
+    start = time.perf_counter()
+    if mode == "send":
+        if rank == first:
+            dist.send(payload, last)
+        elif rank == last:
+            dist.recv(inbox, first)
+            return nbytes * 8 / (time.perf_counter() - start)
+    elif mode == "bidi":
+        if rank in (first, last):
+            peer = last if rank == first else first
+            # receive first: on Gloo, an isend posted before the irecv of the same pair holds
+            # the irecv back, and the exchange runs one direction at a time (half the rate)
+            ops = [dist.P2POp(dist.irecv, inbox, peer), dist.P2POp(dist.isend, payload, peer)]
+            for work in dist.batch_isend_irecv(ops):
+                work.wait()
+            if rank == last:
+                return nbytes * 8 / (time.perf_counter() - start)
+    elif mode == "incast":
+        if rank == first:
+            boxes = [torch.empty(nbytes, dtype=torch.uint8) for _ in range(world - 1)]
+            works = [dist.irecv(box, src) for src, box in enumerate(boxes, start=1)]
+            for work in works:
+                work.wait()
+            return (world - 1) * nbytes * 8 / (time.perf_counter() - start)
+        dist.send(payload, first)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m ddtrain.cluster.probe", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", default="send", help=f"comma-separated, from {', '.join(MODES)}")
+    parser.add_argument("--bytes", type=int, default=25_000_000, help="bytes per transfer (per sender)")
+    parser.add_argument("--repeat", type=int, default=3, help="timed transfers per mode")
+    parser.add_argument("--json", action="store_true", help="also print one JSON line per mode")
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    bad = [m for m in modes if m not in MODES]
+    if bad or args.bytes < 1 or args.repeat < 1:
+        print(f"probe: error: modes must be from {', '.join(MODES)}; --bytes and --repeat positive",
+              file=sys.stderr)
+        return 2
+    runtime.init(backend="gloo")
+    world, rank = runtime.world_size(), runtime.rank()
+    if world < 2:
+        print("probe: error: needs at least 2 ranks (e.g. --nodes 2)", file=sys.stderr)
+        return 2
+    _once("send", 1024, world, rank)  # warm-up: connections are made on first use
+    if rank == 0:
+        print(f"# ddtrain cluster probe: {world} ranks, {args.bytes} bytes per transfer, median of {args.repeat}",
+              flush=True)
+        print(f"# {'mode':>6} {'bytes':>12} {'time_s':>8} {'Mbit/s':>9} {'of_link':>8}", flush=True)
+    for mode in modes:
+        rates = [_once(mode, args.bytes, world, rank) for _ in range(args.repeat)]
+        # the measuring rank is the last one (send, bidi) or the first (incast); gather to rank 0
+        mine = statistics.median(rates) if rates[0] is not None else 0.0
+        box = [None] * world
+        dist.all_gather_object(box, mine)
+        if rank == 0:
+            bps = max(box)
+            link = _bottleneck_bps(mode)
+            total = args.bytes * (world - 1 if mode == "incast" else 1)
+            fraction = f"{bps / link:8.3f}" if link else f"{'':8}"
+            print(f"  {mode:>6} {total:>12} {total * 8 / bps:8.4f} {bps / 1e6:9.2f} {fraction}", flush=True)
+            if args.json:
+                print("probe_result " + json.dumps({"mode": mode, "bytes": total, "bits_per_s": bps,
+                                                    "link_bps": link, "of_link": bps / link if link else None}),
+                      flush=True)
+    runtime.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

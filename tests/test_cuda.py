@@ -1,0 +1,77 @@
+"""The GPU path: NCCL, our algorithms on CUDA tensors, mixed precision, channels-last, GPU-resident data.
+
+Skipped without CUDA (CI has none); run on a GPU machine with ``python -m pytest -q tests/test_cuda.py``.
+"""
+import os
+
+import pytest
+import torch
+
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CI has none)")]
+
+ALGORITHMS = ["native", "ring", "ring-async", "tree", "butterfly", "central"]
+
+
+def _nccl_worker(rank, world, port, results):
+    import datetime
+
+    import torch.distributed as dist
+
+    from ddtrain import comm
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=120), device_id=torch.device("cuda", rank))
+    failures = []
+    for algorithm in ALGORITHMS:
+        for dtype in (torch.float32, torch.bfloat16, torch.int64):
+            for n in (0, 1, 7, 1000, 1 << 20):
+                for op in ("sum", "max", "avg") if dtype.is_floating_point else ("sum", "max"):
+                    g = torch.Generator(device="cuda").manual_seed(1000 * rank + n)
+                    base = (torch.randn(n, device="cuda", generator=g) * 10).to(dtype)
+                    ours, ref = base.clone(), base.clone()
+                    comm.all_reduce(ours, algorithm=algorithm, op=op)
+                    dist.all_reduce(ref, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+                                             "avg": dist.ReduceOp.AVG}[op])
+                    if not torch.allclose(ours.double(), ref.double(), rtol=2e-2 if dtype == torch.bfloat16 else 1e-5,
+                                          atol=1e-3):
+                        failures.append((algorithm, str(dtype), n, op))
+                    gathered = [torch.empty_like(ours) for _ in range(world)]
+                    dist.all_gather(gathered, ours)
+                    if any(not torch.equal(gathered[0], t) for t in gathered):
+                        failures.append((algorithm, str(dtype), n, op, "not bitwise equal across ranks"))
+    results[rank] = failures
+    dist.destroy_process_group()
+
+
+def test_our_algorithms_on_cuda_tensors_through_nccl():
+    import torch.multiprocessing as mp
+
+    from ddtrain.launch import free_port
+    world = min(2, torch.cuda.device_count())
+    results = mp.Manager().dict()
+    mp.spawn(_nccl_worker, args=(world, free_port(), results), nprocs=world, join=True)
+    assert all(results[r] == [] for r in range(world)), dict(results)
+
+
+def test_world_of_one_returns_at_once_on_cuda():
+    from ddtrain import comm
+    t = torch.arange(10.0, device="cuda")
+    for algorithm in ALGORITHMS[1:]:
+        assert torch.equal(comm.all_reduce(t.clone(), algorithm=algorithm), t)
+
+
+@pytest.mark.parametrize("amp", ["bf16", "fp16"])
+def test_fit_on_cuda_with_amp_channels_last_and_gpu_resident_data(amp):
+    from ddtrain import TrainConfig, fit
+    from ddtrain.data import Data
+    from ddtrain.data.arrays import ArrayDataset
+    from ddtrain.models import build_model
+    x, y = torch.randn(256, 3, 32, 32), torch.randint(0, 10, (256,))
+    data = Data("t", ArrayDataset(x, y, num_classes=10), None, 10, (3, 32, 32), "classification")
+    model = build_model("resnet18", num_classes=10, in_channels=3, input_size=(32, 32))
+    record = fit(model, data, TrainConfig(model="resnet18", data="t", epochs=2, batch_size=64, lr=0.05,
+                                          val_fraction=0.0, amp=amp, channels_last=True, quiet=True))
+    assert record["versions"]["device"].startswith("cuda")
+    assert record["epochs"][-1]["train_loss"] < record["epochs"][0]["train_loss"] * 1.5
+    assert all(torch.isfinite(p).all() for p in model.parameters())

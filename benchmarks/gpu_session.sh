@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# One device call: CUDA tests, one-GPU speed against a plain loop, collectives over every GPU.
+#   bash benchmarks/gpu_session.sh PART OUTDIR     PART: a (tests, collectives, eager) | b (compile, scaling)
+set -uo pipefail
+part=${1:-a}; out=${2:-results/gpu}; mkdir -p "$out"
+export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1
+# NVLink multicast stays off on shared multi-GPU hosts (device tool's KINDS.md).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+ngpu=$(python3 -c "import torch; print(torch.cuda.device_count())")
+nvidia-smi -L; python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])"
+if [ "$part" = a ]; then
+  python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tail -5
+  python3 -m ddtrain bench collectives --algorithms native,ring,ring-async,tree,butterfly,central \
+      --sizes 8:1G --nproc "$ngpu" --json "$out/collectives_${ngpu}gpu.json" 2>&1 | tee "$out/collectives_${ngpu}gpu.txt" | tail -45
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu_single.py --cases "resnet50 fp32,resnet50 bf16 cl,resnet18 bf16 cl,unet 97ch 192 bf16" \
+      --strategies "${STRATEGIES:-ddp,ring}" --repeats 2 --out "$out/gpu_single_eager.json" 2>&1 | tail -14
+else
+  CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu_single.py --cases "resnet50 bf16 cl,resnet50 bf16 cl compile" \
+      --strategies "${STRATEGIES:-ddp,ring}" --repeats 1 --out "$out/gpu_single_compile.json" 2>&1 | tail -8
+fi

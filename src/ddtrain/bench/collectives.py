@@ -13,6 +13,7 @@ docs/PERFORMANCE.md defines every column.
 """
 from __future__ import annotations
 
+import os
 import re
 import statistics
 import sys
@@ -48,6 +49,7 @@ class BenchConfig:
     warmup: int = 5                # most untimed calls before timing
     budget_s: float = 1.0          # seconds of timed calls per size and algorithm, roughly
     calibrate: bool = True         # fit alpha, beta, gamma first and predict every time
+    calibration_s: float = 4.0     # seconds the calibration may take, roughly
 
     def __post_init__(self):
         if self.dtype not in DTYPES:
@@ -65,6 +67,8 @@ class BenchConfig:
             raise DDTrainError(f"--warmup must be >= 0, got {self.warmup}")
         if not self.budget_s > 0:
             raise DDTrainError(f"--budget-s must be positive, got {self.budget_s}")
+        if not self.calibration_s > 0:
+            raise DDTrainError(f"--calibration-s must be positive, got {self.calibration_s}")
 
 
 def parse_size(text: str) -> int:
@@ -105,6 +109,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", type=int, default=5, help="most untimed calls before timing")
     parser.add_argument("--budget-s", type=float, default=1.0,
                         help="seconds of timed calls per size and algorithm: large messages get fewer calls")
+    parser.add_argument("--calibration-s", type=float, default=4.0,
+                        help="seconds the alpha-beta-gamma calibration may take, roughly")
     parser.add_argument("--no-calibrate", action="store_true",
                         help="skip the alpha-beta-gamma calibration (no predicted column)")
     parser.add_argument("--json", metavar="FILE", help="write every number as JSON to FILE")
@@ -125,7 +131,8 @@ def config_from_args(args) -> BenchConfig:
     element_size = torch.empty((), dtype=DTYPES[args.dtype]).element_size()
     return BenchConfig(algorithms=names, sizes=parse_sizes(args.sizes, element_size), dtype=args.dtype,
                        op=args.op, iters=args.iters, min_iters=args.min_iters, warmup=args.warmup,
-                       budget_s=args.budget_s, calibrate=not args.no_calibrate)
+                       budget_s=args.budget_s, calibrate=not args.no_calibrate,
+                       calibration_s=args.calibration_s)
 
 
 def main(args) -> int:
@@ -156,6 +163,7 @@ def run_bench(config: BenchConfig, group=None) -> dict:
     from ..costmodel import calibrate
 
     start = time.perf_counter()
+    host = {"cpus": os.cpu_count(), "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
     device = runtime.device()
     ranks = dist.get_world_size(group) if dist.is_initialized() else 1
     rank = dist.get_rank(group) if dist.is_initialized() else 0
@@ -163,7 +171,7 @@ def run_bench(config: BenchConfig, group=None) -> dict:
     calibration = None
     if config.calibrate:
         calib_max = min(CALIBRATION_MAX_BYTES, max(64 << 10, max(config.sizes)))
-        calibration = calibrate(group, max_bytes=calib_max, device=device)
+        calibration = calibrate(group, max_bytes=calib_max, budget_s=config.calibration_s, device=device)
         _progress(rank, f"# calibration done in {calibration.elapsed_s:.1f} s")
     rows = []
     for done, size in enumerate(config.sizes, 1):
@@ -177,7 +185,7 @@ def run_bench(config: BenchConfig, group=None) -> dict:
                              calibration.params if calibration else None))
         _progress(rank, f"# {done}/{len(config.sizes)} sizes done (up to {size} B), "
                         f"{time.perf_counter() - start:.1f} s")
-    result = {"config": asdict(config), "world_size": ranks, "backend": runtime.backend() or "none",
+    result = {"config": asdict(config), "world_size": ranks, "host": host, "backend": runtime.backend() or "none",
               "device": str(device), "calibration": calibration.as_dict() if calibration else None,
               "rows": rows, "elapsed_s": time.perf_counter() - start}
     result["summary"] = summarize(result)

@@ -45,6 +45,8 @@ def render(result: dict) -> str:
     config = result["config"]
     lines = [f"# ddtrain bench collectives: all-reduce, op {config['op']}, {result['world_size']} ranks, "
              f"backend {result['backend']}, device {result['device']}",
+             f"# host: {result.get('host', {}).get('cpus', '?')} CPUs, load average "
+             f"{result.get('host', {}).get('load_average', '?')} (1 min) at the start",
              "# time: median over timed calls of the slowest rank's time per call (a barrier before each call)",
              "# busbw = algbw * 2(n-1)/n; predicted: alpha-beta-gamma model; error = (predicted - time) / time",
              *_calibration_lines(result.get("calibration")), "#"]
@@ -77,10 +79,12 @@ def _calibration_lines(calibration: dict | None) -> list[str]:
         out.append(f"#   alpha, beta from pairwise exchange, all ranks at once "
                    f"(fit max residual {100 * calibration['exchange']['max_rel_residual']:.0f}%); "
                    f"gamma from a local add on every rank at once")
-    if calibration.get("pingpong"):
-        ping = calibration["pingpong"]
-        out.append(f"#   reference ping-pong, ranks 0-1 only: alpha {ping['alpha_s'] * 1e6:.1f} us, "
-                   f"beta {ping['beta_s_per_byte'] * 1e9:.3f} ns/B ({_gbps(ping['beta_s_per_byte'])} GB/s)")
+    for key, label in (("ring", "reference ring-neighbour exchange, all ranks"),
+                       ("pingpong", "reference ping-pong, ranks 0-1 alone")):
+        if calibration.get(key):
+            fit = calibration[key]
+            out.append(f"#   {label}: alpha {fit['alpha_s'] * 1e6:.1f} us, beta "
+                       f"{fit['beta_s_per_byte'] * 1e9:.3f} ns/B ({_gbps(fit['beta_s_per_byte'])} GB/s)")
     return out + [f"#   {note}" for note in calibration.get("notes", [])]
 
 

@@ -10,11 +10,14 @@ Call ``calibrate()`` on every rank of the group at once; every rank gets the sam
   two otherwise idle ranks does not see. Per size: the median over repetitions of
   (chain time / exchanges in the chain), then the maximum over ranks. A least-squares line
   ``t(m) = α + βm`` is fitted with relative residuals, so 8-byte and 16-MB points weigh alike.
-- **The classic ping-pong** (rank 0 sends, rank 1 answers, everyone else idle; one-way time
-  = round trip / 2) is measured too and fitted the same way, for reference: the gap
-  between the two fits is the contention the collectives pay.
-- **γ**: every rank times ``a.add_(b)`` over buffers of m bytes at the same time (so the
-  cores are as shared as during a collective); γ is the slope of the fitted line.
+- **References** (not used by the predictions): the *ring-neighbour exchange* (every rank
+  sends to rank+1 while receiving from rank−1: the ring's step, in which all ranks depend
+  on each other) and the *classic ping-pong* (ranks 0 and 1 alone, one direction at a time;
+  one-way time = round trip / 2). The gaps between the three fits are the costs of the
+  pattern and of contention, which the plain α-β model does not have terms for.
+- **γ**: every rank times ``a.add_(b)`` at the same time (the cores as shared as during a
+  collective) over buffers from 256 KiB up, which do not stay in cache; γ is the slope of
+  the plain least-squares line.
 """
 from __future__ import annotations
 
@@ -30,7 +33,7 @@ from ..errors import DDTrainError
 from .alphabeta import LinkParams
 
 DEFAULT_MAX_BYTES = 16 << 20
-REDUCE_MIN_BYTES = 16 << 10
+REDUCE_MIN_BYTES = 256 << 10
 
 
 @dataclass(kw_only=True)
@@ -55,8 +58,9 @@ class Calibration:
 
     params: LinkParams
     world_size: int
-    exchange: Fit | None          # the fit behind params.alpha_s / beta_s_per_byte
-    pingpong: Fit | None          # reference only
+    exchange: Fit | None          # pairwise exchange: the fit behind params.alpha_s, beta_s_per_byte
+    ring: Fit | None = None       # reference: every rank sends right and receives from the left
+    pingpong: Fit | None = None   # reference: ranks 0 and 1 alone, one direction at a time
     reduce: Fit                   # slope = params.gamma_s_per_byte
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -64,6 +68,7 @@ class Calibration:
     def as_dict(self) -> dict:
         return {"params": self.params.as_dict(), "world_size": self.world_size,
                 "exchange": self.exchange and self.exchange.as_dict(),
+                "ring": self.ring and self.ring.as_dict(),
                 "pingpong": self.pingpong and self.pingpong.as_dict(),
                 "reduce": self.reduce.as_dict(), "elapsed_s": self.elapsed_s, "notes": self.notes}
 
@@ -77,60 +82,77 @@ def calibration_sizes(max_bytes: int = DEFAULT_MAX_BYTES, element_size: int = 4)
     return sizes
 
 
-def fit_line(sizes, times) -> tuple[float, float, float]:
-    """(α, β, max relative residual) of t = α + βm, least squares on relative errors, α, β ≥ 0."""
+def fit_line(sizes, times, relative: bool = True) -> tuple[float, float, float]:
+    """(α, β, max relative residual) of t = α + βm by least squares, with α, β ≥ 0.
+
+    With ``relative`` residuals (each point weighted by 1/t) the latency-bound small sizes fix
+    α and the bandwidth-bound large ones fix β. If noise on the small sizes tips β below zero
+    (or without ``relative``), the plain least-squares line, ruled by the large sizes, is used;
+    if even that does not rise, β is 0 (no measurable cost per byte at these sizes) and α is
+    the median time.
+    """
     m = np.asarray(sizes, dtype=np.float64)
     t = np.asarray(times, dtype=np.float64)
     if len(m) < 2 or np.any(t <= 0):
         raise DDTrainError(f"cannot fit a line to sizes {list(sizes)} and times {list(times)}")
-    design = np.stack([1 / t, m / t], axis=1)
-    (alpha, beta), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
-    if beta <= 0:   # flat data: all latency
+    ones = np.ones_like(t)
+    beta = 0.0
+    if relative:
+        (alpha, beta), *_ = np.linalg.lstsq(np.stack([ones / t, m / t], axis=1), ones, rcond=None)
+    if beta <= 0:
+        (alpha, beta), *_ = np.linalg.lstsq(np.stack([ones, m], axis=1), t, rcond=None)
+    if beta <= 0:
         alpha, beta = float(np.median(t)), 0.0
-    elif alpha < 0:  # refit through the origin: all bandwidth
+    elif alpha < 0:  # refit through the origin, relative residuals: all bandwidth
         alpha, beta = 0.0, float(np.sum(m / t) / np.sum((m / t) ** 2))
     predicted = alpha + beta * m
     return float(alpha), float(beta), float(np.max(np.abs(predicted - t) / t))
 
 
-def calibrate(group=None, *, max_bytes: int = DEFAULT_MAX_BYTES, budget_s: float = 3.0,
-              device: torch.device | str = "cpu", pingpong: bool = True) -> Calibration:
-    """Measure and fit α, β (exchange), γ (local add) on ``group``; call on all its ranks."""
+def calibrate(group=None, *, max_bytes: int = DEFAULT_MAX_BYTES, budget_s: float = 4.0,
+              device: torch.device | str = "cpu", references: bool = True) -> Calibration:
+    """Measure and fit α, β (pairwise exchange) and γ (local add) on ``group``; call on all its ranks.
+
+    With ``references`` the ring-neighbour exchange and the lone ping-pong are fitted too (not
+    used by the predictions; they show how much the pattern and the contention matter).
+    """
     start = time.perf_counter()
     device = torch.device(device)
-    distributed = dist.is_available() and dist.is_initialized()
-    world = dist.get_world_size(group) if distributed else 1
+    world = dist.get_world_size(group) if dist.is_available() and dist.is_initialized() else 1
     sizes = calibration_sizes(max_bytes)
-    per_size_s = budget_s / (2 * len(sizes) + 2)
-    exchange = ping = None
+    per_size_s = budget_s / (4 * len(sizes))
+    fits: dict[str, Fit] = {}
     notes = []
     if world > 1:
         rank = dist.get_rank(group)
+        glob = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
         partner = rank ^ 1
-        peer = dist.get_global_rank(group, partner) if partner < world and group is not None else partner
-        active = partner < world
-        times = [_time_exchange(m, peer if active else None, group, device, per_size_s) for m in sizes]
-        exchange = _fit(sizes, _agree_max(times, group, device))
-        if pingpong:
-            times = [_time_pingpong(m, rank, group, device, per_size_s) for m in sizes]
-            ping = _fit(sizes, _agree_max(times, group, device))
+        pair = (glob(partner), glob(partner)) if partner < world else None
+        ring = (glob((rank + 1) % world), glob((rank - 1) % world))
+        patterns = {"exchange": lambda m: _time_exchange(m, pair, group, device, per_size_s)}
+        if references:
+            patterns["ring"] = lambda m: _time_exchange(m, ring, group, device, per_size_s)
+            patterns["pingpong"] = lambda m: _time_pingpong(m, rank, glob, group, device, per_size_s)
+        for name, measure in patterns.items():
+            fits[name] = _fit(sizes, _agree_max([measure(m) for m in sizes], group, device))
     else:
         notes.append("world size 1: no messages to time; alpha = beta = 0")
-    # Adds are cheap: time them up to at least 1 MiB whatever the message range.
-    reduce_sizes = [m for m in calibration_sizes(max(max_bytes, 1 << 20)) if m >= REDUCE_MIN_BYTES]
-    times = [_time_add(m, device, per_size_s) for m in reduce_sizes]
-    if world > 1:
-        times = _agree_max(times, group, device)
-    reduce = _fit(reduce_sizes, times)
+    # The reduction term matters for large buffers, which do not fit in cache: time adds from
+    # 256 KiB to at least 4 MiB and fit plain least squares, which the large sizes rule.
+    reduce_sizes = [m for m in calibration_sizes(max(max_bytes, 4 << 20)) if m >= REDUCE_MIN_BYTES]
+    times = _agree_max([_time_add(m, device, per_size_s) for m in reduce_sizes], group, device)
+    reduce = _fit(reduce_sizes, times, relative=False)
+    exchange = fits.get("exchange")
     params = LinkParams(alpha_s=exchange.alpha_s if exchange else 0.0,
                         beta_s_per_byte=exchange.beta_s_per_byte if exchange else 0.0,
                         gamma_s_per_byte=reduce.beta_s_per_byte)
-    return Calibration(params=params, world_size=world, exchange=exchange, pingpong=ping,
-                       reduce=reduce, elapsed_s=time.perf_counter() - start, notes=notes)
+    return Calibration(params=params, world_size=world, exchange=exchange, ring=fits.get("ring"),
+                       pingpong=fits.get("pingpong"), reduce=reduce,
+                       elapsed_s=time.perf_counter() - start, notes=notes)
 
 
-def _fit(sizes, times) -> Fit:
-    alpha, beta, residual = fit_line(sizes, times)
+def _fit(sizes, times, relative: bool = True) -> Fit:
+    alpha, beta, residual = fit_line(sizes, times, relative=relative)
     return Fit(alpha_s=alpha, beta_s_per_byte=beta, sizes=list(sizes), times_s=list(times),
                max_rel_residual=residual)
 
@@ -172,14 +194,15 @@ def _timed_chains(step, device, per_size_s, group=None, distributed=False) -> fl
     return statistics.median(samples)
 
 
-def _time_exchange(nbytes: int, peer, group, device, per_size_s) -> float:
+def _time_exchange(nbytes: int, peers, group, device, per_size_s) -> float:
+    """Seconds per step of sending ``nbytes`` to ``peers[0]`` while receiving from ``peers[1]``."""
     send = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
     recv = torch.empty_like(send)
 
     def step():
-        if peer is None:
+        if peers is None:  # the odd rank out
             return
-        ops = [dist.P2POp(dist.isend, send, peer, group), dist.P2POp(dist.irecv, recv, peer, group)]
+        ops = [dist.P2POp(dist.isend, send, peers[0], group), dist.P2POp(dist.irecv, recv, peers[1], group)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
 
@@ -187,10 +210,10 @@ def _time_exchange(nbytes: int, peer, group, device, per_size_s) -> float:
     return _timed_chains(step, device, per_size_s, group, distributed=True)
 
 
-def _time_pingpong(nbytes: int, rank: int, group, device, per_size_s) -> float:
+def _time_pingpong(nbytes: int, rank: int, glob, group, device, per_size_s) -> float:
     """One-way time between group ranks 0 and 1 (round trip / 2); 0 on the idle ranks."""
     buf = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
-    first, second = (dist.get_global_rank(group, r) if group is not None else r for r in (0, 1))
+    first, second = glob(0), glob(1)
 
     def step():
         if rank == 0:

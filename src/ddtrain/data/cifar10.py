@@ -6,8 +6,10 @@ Each is a pickled dict with ``data`` (N x 3072 uint8, rows of 1024 red, 1024 gre
 blue values) and ``labels`` (N ints in 0..9), written by Python 2, so keys are bytes.
 
 Pickle can run arbitrary code when it loads; a data file must never do that, so
-``SafeUnpickler`` resolves only the three numpy names an array needs (and refuses
-object arrays); everything else in the file must be plain lists, dicts, bytes and ints.
+``SafeUnpickler`` resolves only the names a numeric numpy array needs (``_reconstruct``
+or ``_frombuffer``, ``ndarray``, ``dtype`` without object types) and Python 3's
+protocol-2 spelling of bytes (``_codecs.encode`` to latin-1); any other global in the
+file is refused, so everything else must be plain lists, dicts, bytes and ints.
 """
 from __future__ import annotations
 

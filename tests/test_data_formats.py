@@ -392,6 +392,8 @@ def test_synthetic_is_a_deterministic_function_of_seed_and_index():
     idx = torch.tensor([5, 63, 0])
     assert torch.equal(lazy.batch(idx)[0], eager.x[idx]) and torch.equal(lazy.batch(idx)[1], eager.y[idx])
     assert torch.equal(lazy[63][0], eager.x[63]) and torch.equal(lazy.select(idx).batch(torch.tensor([1]))[0][0], eager.x[63])
+    moved = lazy.select(idx).to("cpu")  # the GPU-resident path, exercised on the CPU here
+    assert moved.device == torch.device("cpu") and torch.equal(moved.batch(torch.tensor([2]))[0][0], eager.x[0])
     other = load_synthetic("cifar10", samples=64, size=16, data_seed=1)
     assert not torch.equal(other.x, eager.x)
     labels = load_synthetic("imagenet", samples=20_000, size=8, lazy=True).batch(torch.arange(20_000))[1]

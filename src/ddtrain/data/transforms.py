@@ -34,8 +34,9 @@ class BatchDataset(Dataset):
     """
 
     def __init__(self, make, n: int, *, num_classes: int | None, sample_shape: tuple,
-                 index: torch.Tensor | None = None):
+                 index: torch.Tensor | None = None, device="cpu"):
         self.make, self.n, self.index = make, n, index
+        self.device = torch.device(device)  # where batches are computed (``to`` moves it)
         self.num_classes = num_classes
         self.task = "classification" if num_classes else "regression"
         self.sample_shape = tuple(sample_shape)
@@ -60,12 +61,12 @@ class BatchDataset(Dataset):
         idx = torch.as_tensor(idx, dtype=torch.long)
         index = idx if self.index is None else self.index[idx]
         return BatchDataset(self.make, self.n, num_classes=self.num_classes,
-                            sample_shape=self.sample_shape, index=index.clone())
+                            sample_shape=self.sample_shape, index=index.clone(), device=self.device)
 
     def to(self, device) -> "BatchDataset":
         index = None if self.index is None else self.index.to(device)
         return BatchDataset(self.make.to(device), self.n, num_classes=self.num_classes,
-                            sample_shape=self.sample_shape, index=index)
+                            sample_shape=self.sample_shape, index=index, device=device)
 
 
 def resize_batch(x: torch.Tensor, size: int) -> torch.Tensor:

@@ -41,6 +41,8 @@ class ShardLoader:
         self.fast = isinstance(dataset, ArrayDataset) and workers == 0
         if self.fast and on_device and device.type != "cpu":
             self.dataset = dataset.to(device)  # copied once
+            if channels_last and self.dataset.x.dim() == 4:  # once here, not every step
+                self.dataset.x = self.dataset.x.contiguous(memory_format=torch.channels_last)
         self.pin = device.type == "cuda"
         self.workers, self.collate_fn = workers, collate_fn
 
@@ -50,23 +52,27 @@ class ShardLoader:
     def __len__(self) -> int:
         return self.steps
 
-    def _batches(self):
+    def _batches(self, device=None):
         idx = self.sampler.indices()
+        if device is not None and device.type != "cpu":
+            # One copy per epoch: a per-step copy from pageable memory would make the host wait
+            # for the GPU to drain its queue every step.
+            idx = idx.to(device)
         for s in range(self.steps):
             yield idx[s * self.batch_size:(s + 1) * self.batch_size]
 
     def _place(self, x, y):
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
-        if self.channels_last and x.dim() == 4:
+        if self.channels_last and x.dim() == 4 and not x.is_contiguous(memory_format=torch.channels_last):
             x = x.contiguous(memory_format=torch.channels_last)
         return x, y
 
     def __iter__(self):
         if self.fast:
             on = self.dataset.x.device
-            for b in self._batches():
-                x, y = self.dataset.batch(b.to(on))
+            for b in self._batches(on):
+                x, y = self.dataset.batch(b)
                 if self.pin and x.device.type == "cpu":
                     x, y = x.pin_memory(), y.pin_memory()
                 yield self._place(x, y)

@@ -43,7 +43,7 @@ def build_model(name: str, *, num_classes: int = 10, in_channels: int = 1,
     try:
         return MODELS[name](num_classes=num_classes, in_channels=in_channels,
                             input_size=tuple(input_size), **options)
-    except TypeError as exc:  # an option the builder does not take
+    except (TypeError, ValueError) as exc:  # an option the builder does not take, or a bad value
         raise DDTrainError(f"model {name!r}: {exc}") from None
 
 

@@ -38,10 +38,12 @@ class ShardLoader:
         self.dataset, self.sampler, self.batch_size, self.device = dataset, sampler, batch_size, device
         self.channels_last = channels_last
         self.steps = steps_per_epoch(len(sampler), batch_size)
-        self.fast = isinstance(dataset, ArrayDataset) and workers == 0
+        # Datasets that gather (ArrayDataset) or compute (synthetic BatchDataset) a whole batch at
+        # once skip the DataLoader's per-sample path when no loader processes are asked for.
+        self.fast = hasattr(dataset, "batch") and hasattr(dataset, "to") and workers == 0
         if self.fast and on_device and device.type != "cpu":
             self.dataset = dataset.to(device)  # copied once
-            if channels_last and self.dataset.x.dim() == 4:  # once here, not every step
+            if channels_last and isinstance(self.dataset, ArrayDataset) and self.dataset.x.dim() == 4:
                 self.dataset.x = self.dataset.x.contiguous(memory_format=torch.channels_last)
         self.pin = device.type == "cuda"
         self.workers, self.collate_fn = workers, collate_fn
@@ -70,7 +72,7 @@ class ShardLoader:
 
     def __iter__(self):
         if self.fast:
-            on = self.dataset.x.device
+            on = self.dataset.x.device if isinstance(self.dataset, ArrayDataset) else self.dataset.device
             for b in self._batches(on):
                 x, y = self.dataset.batch(b)
                 if self.pin and x.device.type == "cpu":

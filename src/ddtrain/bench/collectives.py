@@ -47,7 +47,7 @@ class BenchConfig:
     iters: int = 20                # most timed calls per size and algorithm
     min_iters: int = 3             # fewest timed calls, whatever the budget
     warmup: int = 5                # most untimed calls before timing
-    budget_s: float = 1.0          # seconds of timed calls per size and algorithm, roughly
+    budget_s: float = 0.6          # seconds of timed calls per size and algorithm, roughly
     calibrate: bool = True         # fit alpha, beta, gamma first and predict every time
     calibration_s: float = 4.0     # seconds the calibration may take, roughly
 
@@ -96,8 +96,8 @@ def parse_sizes(text: str, element_size: int) -> list[int]:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--algorithms", default=None, metavar="NAME[,NAME...]",
-                        help="all-reduce algorithms to time (default: all of ddtrain.comm.ALGORITHMS)")
+    parser.add_argument("--algorithms", default="all", metavar="NAME[,NAME...]",
+                        help="all-reduce algorithms to time, comma-separated; 'all' = every one in ddtrain.comm.ALGORITHMS")
     parser.add_argument("--sizes", default="1K:16M", metavar="MIN:MAX",
                         help="message sizes in bytes, doubling from MIN to MAX; K, M, G = 1024, 1024², 1024³")
     parser.add_argument("--nproc", type=int, default=2,
@@ -107,7 +107,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--iters", type=int, default=20, help="most timed calls per size and algorithm")
     parser.add_argument("--min-iters", type=int, default=3, help="fewest timed calls per size and algorithm")
     parser.add_argument("--warmup", type=int, default=5, help="most untimed calls before timing")
-    parser.add_argument("--budget-s", type=float, default=1.0,
+    parser.add_argument("--budget-s", type=float, default=0.6,
                         help="seconds of timed calls per size and algorithm: large messages get fewer calls")
     parser.add_argument("--calibration-s", type=float, default=4.0,
                         help="seconds the alpha-beta-gamma calibration may take, roughly")
@@ -115,14 +115,17 @@ def add_arguments(parser) -> None:
                         help="skip the alpha-beta-gamma calibration (no predicted column)")
     parser.add_argument("--json", metavar="FILE", help="write every number as JSON to FILE")
     parser.add_argument("--plot", metavar="FILE", help="write a PNG of busbw (and predicted) against size")
-    parser.add_argument("--backend", choices=["gloo", "nccl"], help="process-group backend (default: automatic)")
+    parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+                        help="process-group backend; auto: NCCL when every local rank has a GPU, else Gloo")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds any one wait may take")
 
 
 def config_from_args(args) -> BenchConfig:
     from ..comm import ALGORITHMS
 
-    names = list(ALGORITHMS) if args.algorithms is None else [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    if names == ["all"]:
+        names = list(ALGORITHMS)
     for name in names:
         if name not in ALGORITHMS:
             raise choice_error("algorithm", name, ALGORITHMS)
@@ -146,7 +149,7 @@ def main(args) -> int:
             raise DDTrainError(f"--nproc must be at least 1, got {args.nproc}")
         argv = ["bench", "collectives", *launch.strip_option(args.argv, "--nproc")]
         return launch.run_local(args.nproc, argv, env={"DDTRAIN_TIMEOUT_S": str(args.timeout)})
-    runtime.init(backend=args.backend, timeout_s=args.timeout)
+    runtime.init(backend=None if args.backend == "auto" else args.backend, timeout_s=args.timeout)
     try:
         result = run_bench(config)
         if runtime.rank() == 0:
@@ -203,13 +206,13 @@ def _row(size, count, type_name, algorithm, seconds, iters, wrong, ranks, params
 
 
 def _pattern(rank, count, dtype, ranks, op, device):
-    """This rank's input and the exact expected result.
+    """This rank's input and the exact expected result, built on ``device``.
 
     Rank r holds ((i + 3r) mod 9) − 4 at index i: small integers, so every sum, average and
     extremum is exact in every dtype and any order of reduction gives the same bits. The
-    reference combines all ranks' patterns in one process, in int64, before the cast.
+    reference combines all ranks' patterns in one process, in integers, before the cast.
     """
-    index = torch.arange(count, dtype=torch.int64)
+    index = torch.arange(count, dtype=torch.int32 if count < 2**31 - 64 else torch.int64, device=device)
 
     def of(r):
         return (index + 3 * r) % 9 - 4
@@ -220,10 +223,11 @@ def _pattern(rank, count, dtype, ranks, op, device):
         other = of(r)
         acc = acc + other if op in ("sum", "avg") else (torch.maximum(acc, other) if op == "max"
                                                         else torch.minimum(acc, other))
+    del index
     expected = acc.to(dtype)
     if op == "avg":
         expected = expected / ranks
-    return mine.to(device), expected.to(device)
+    return mine, expected
 
 
 def _time_calls(call, inputs, expected, config: BenchConfig, group, device) -> tuple[float, int, int]:

@@ -83,7 +83,7 @@ def _count_wrong_of_a_broken_reduction():
     import torch.distributed as dist
     config = BenchConfig(algorithms=["ring"], sizes=[40], iters=2, min_iters=1, warmup=1, budget_s=0.01)
     inputs, expected = _pattern(dist.get_rank(), 10, torch.float32, 2, "sum", torch.device("cpu"))
-    return _time_calls(lambda work: None, inputs, expected, config, None, torch.device("cpu"))[2]
+    return _time_calls(lambda work: None, inputs, expected, config, None, torch.device("cpu")).wrong
 
 
 def test_wrong_results_are_counted():
@@ -111,13 +111,13 @@ def test_cli_end_to_end_on_two_ranks(tmp_path):
     rows = result["rows"]
     assert result["world_size"] == 2 and len(rows) == 5 * 3
     assert set(rows[0]) >= {"size_bytes", "count", "type", "algorithm", "time_us", "algbw_GBps", "busbw_GBps",
-                            "predicted_us", "error_pct", "wrong", "iters"}
+                            "predicted_us", "error_pct", "wrong", "iters", "cpu_cores"}
     assert all(r["wrong"] == 0 for r in rows)
     for r in rows:
         assert r["count"] * 4 == r["size_bytes"]
         assert r["algbw_GBps"] == pytest.approx(r["size_bytes"] / r["time_us"] / 1e3)
         assert r["busbw_GBps"] == pytest.approx(r["algbw_GBps"])        # 2(n-1)/n = 1 for n = 2
-        assert r["predicted_us"] > 0
+        assert r["predicted_us"] > 0 and r["cpu_cores"] > 0
         assert r["error_pct"] == pytest.approx(100 * (r["predicted_us"] - r["time_us"]) / r["time_us"])
     assert result["calibration"]["params"]["alpha_s"] > 0
     # The printed table: '#' lines, then data lines with one cell per column.

@@ -183,8 +183,8 @@ def run_bench(config: BenchConfig, group=None) -> dict:
         for algorithm in config.algorithms:
             def call(work=None, algorithm=algorithm):
                 all_reduce(work, algorithm=algorithm, op=config.op, group=group)
-            seconds, iters, wrong = _time_calls(call, inputs, expected, config, group, device)
-            rows.append(_row(size, count, config.dtype, algorithm, seconds, iters, wrong, ranks,
+            timing = _time_calls(call, inputs, expected, config, group, device)
+            rows.append(_row(size, count, config.dtype, algorithm, timing, ranks,
                              calibration.params if calibration else None))
         _progress(rank, f"# {done}/{len(config.sizes)} sizes done (up to {size} B), "
                         f"{time.perf_counter() - start:.1f} s")
@@ -195,14 +195,15 @@ def run_bench(config: BenchConfig, group=None) -> dict:
     return result
 
 
-def _row(size, count, type_name, algorithm, seconds, iters, wrong, ranks, params: LinkParams | None) -> dict:
+def _row(size, count, type_name, algorithm, timing: Timing, ranks, params: LinkParams | None) -> dict:
+    seconds = timing.seconds
     algbw = size / seconds / 1e9 if seconds > 0 else float("nan")
     predicted = predict_time(algorithm, size, ranks, params) if params is not None else None
     error = (100 * (predicted - seconds) / seconds) if predicted is not None and seconds > 0 else None
     return {"size_bytes": size, "count": count, "type": type_name, "algorithm": algorithm,
             "time_us": seconds * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * bus_bandwidth_factor(ranks),
             "predicted_us": predicted * 1e6 if predicted is not None else None, "error_pct": error,
-            "wrong": wrong, "iters": iters}
+            "wrong": timing.wrong, "iters": timing.iters, "cpu_cores": timing.cpu_cores}
 
 
 def _pattern(rank, count, dtype, ranks, op, device):
@@ -230,44 +231,50 @@ def _pattern(rank, count, dtype, ranks, op, device):
     return mine, expected
 
 
-def _time_calls(call, inputs, expected, config: BenchConfig, group, device) -> tuple[float, int, int]:
-    """(median seconds, timed calls, wrong elements summed over ranks) for one size and algorithm."""
+@dataclass
+class Timing:
+    """One (size, algorithm) cell: what ``_time_calls`` measured."""
+
+    seconds: float        # median over timed calls of the slowest rank's time
+    iters: int            # timed calls
+    wrong: int            # elements differing from the reference, summed over ranks
+    cpu_cores: float      # median over calls of (CPU seconds of all ranks) / (call time)
+
+
+def _time_calls(call, inputs, expected, config: BenchConfig, group, device) -> Timing:
+    """Warm up, time adaptively many calls, check the last result against ``expected``."""
     work = torch.empty_like(inputs)
 
-    def once() -> float:
+    def once() -> tuple[float, float]:
         work.copy_(inputs)
         _sync(device)
         if dist.is_initialized():
             dist.barrier(group)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()   # process time: all threads, user + system
         call(work)
         _sync(device)
-        return time.perf_counter() - t0
+        return time.perf_counter() - t0, time.process_time() - c0
 
-    probe = _all_max([once()], group, device)[0]   # the first call: untimed unless --warmup 0
-    timed = [] if config.warmup else [probe]
+    first = once()
+    probe = _reduce([first[0]], group, device, "max")[0]   # the first call: untimed unless --warmup 0
+    timed = [] if config.warmup else [first]
     for _ in range(min(config.warmup - 1, int(config.budget_s / 4 / max(probe, 1e-9)))):
         once()
     iters = int(max(config.min_iters, min(config.iters, config.budget_s / max(probe, 1e-9))))
     timed += [once() for _ in range(iters - len(timed))]
-    timed = _all_max(timed, group, device)          # per call, the slowest rank
-    wrong = torch.tensor([int((work != expected).sum())], dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
-        wrong = _summed(wrong, group, device)
-    return statistics.median(timed), iters, int(wrong.item())
+    walls = _reduce([w for w, _ in timed], group, device, "max")   # per call, the slowest rank
+    cpus = _reduce([c for _, c in timed], group, device, "sum")    # per call, all ranks together
+    wrong = _reduce([float((work != expected).sum())], group, device, "sum")[0]
+    return Timing(seconds=statistics.median(walls), iters=iters, wrong=int(wrong),
+                  cpu_cores=statistics.median(c / w for c, w in zip(cpus, walls) if w > 0))
 
 
-def _summed(value: torch.Tensor, group, device) -> torch.Tensor:
-    t = value.to(_collective_device(group, device))
-    dist.all_reduce(t, group=group)
-    return t.cpu()
-
-
-def _all_max(values, group, device) -> list[float]:
+def _reduce(values, group, device, op: str) -> list[float]:
+    """Element-wise max or sum over the group's ranks (identity in a world of one)."""
     if not dist.is_initialized() or dist.get_world_size(group) == 1:
         return list(values)
     t = torch.tensor(values, dtype=torch.float64, device=_collective_device(group, device))
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=group)
     return t.tolist()
 
 

@@ -11,7 +11,7 @@ from .tables import fmt, render_table
 
 COLUMNS = [("size", "(B)"), ("count", "(elements)"), ("type", ""), ("algorithm", ""),
            ("time", "(us)"), ("algbw", "(GB/s)"), ("busbw", "(GB/s)"), ("predicted", "(us)"),
-           ("error", "(%)"), ("#wrong", ""), ("iters", "")]
+           ("error", "(%)"), ("#wrong", ""), ("iters", ""), ("cpu", "(cores)")]
 RATIO_MIN_BYTES = 16 << 20    # "large" messages: where busbw is compared with native
 ERROR_MIN_BYTES = 1 << 20     # where the model's error is summarised
 PLOT_EXTRA = "pip install 'ddtrain[report]'"
@@ -49,10 +49,12 @@ def render(result: dict) -> str:
              f"{result.get('host', {}).get('load_average', '?')} (1 min) at the start",
              "# time: median over timed calls of the slowest rank's time per call (a barrier before each call)",
              "# busbw = algbw * 2(n-1)/n; predicted: alpha-beta-gamma model; error = (predicted - time) / time",
+             "# cpu: CPU time of all ranks together per call / the call's time (cores kept busy)",
              *_calibration_lines(result.get("calibration")), "#"]
     body = [[str(r["size_bytes"]), str(r["count"]), r["type"], r["algorithm"], fmt(r["time_us"], 1),
              fmt(r["algbw_GBps"], 3), fmt(r["busbw_GBps"], 3), fmt(r["predicted_us"], 1),
-             fmt(r["error_pct"], 1), str(r["wrong"]), str(r["iters"])] for r in result["rows"]]
+             fmt(r["error_pct"], 1), str(r["wrong"]), str(r["iters"]), fmt(r["cpu_cores"], 2)]
+            for r in result["rows"]]
     lines += render_table(COLUMNS, body)
     summary = result["summary"]
     lines.append("#")

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from ddtrain.cluster import emulated_cluster, link_fraction, netns, parse_rate, run_in_cluster
+from ddtrain.cluster import checks, emulated_cluster, link_fraction, netns, parse_rate, run_in_cluster
 from ddtrain.cluster.run import target_argv
 from ddtrain.errors import DDTrainError
 
@@ -25,7 +25,7 @@ from ddtrain.errors import DDTrainError
 def _why_no_cluster() -> str | None:
     if not sys.platform.startswith("linux"):
         return "network namespaces are Linux-only"
-    missing = netns.missing_requirements()
+    missing = checks.missing_requirements()
     if missing:
         return "cannot emulate a cluster here: " + "; ".join(missing)
     probe = netns.new_run_id() + "-br"
@@ -102,6 +102,15 @@ def test_commands_map_to_torchrun_targets():
         target_argv(["ls", "-l"])
     with pytest.raises(DDTrainError, match="cannot run inside"):
         target_argv(["ddtrain", "cluster", "run", "--nodes", "2"])
+
+
+def test_probe_divides_by_the_link_that_bounds_each_transfer():
+    from ddtrain.cluster.probe import _bottleneck_bps
+    where = [(0, 400), (0, 400), (1, 100), (2, 100)]   # (node, node link bits/s) per rank
+    assert _bottleneck_bps("send", where) == 100        # rank 0 -> rank 3 crosses both links
+    assert _bottleneck_bps("incast", where) == 200      # 2 remote links of 100 into 400
+    assert _bottleneck_bps("send", [(0, 400), (0, 400)]) is None  # same node: no link at all
+    assert _bottleneck_bps("send", [(None, None), (None, None)]) is None  # not in a cluster
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="network namespaces are Linux-only")

@@ -20,10 +20,14 @@ NODE_LINK_ENV = "DDTRAIN_NODE_LINK_BPS"      # this rank's own node link, bits/s
 NODE_ENV = "DDTRAIN_CLUSTER_NODE"            # this rank's node index
 
 
-def link_rate_bps(*, server: bool = False, env=None) -> int | None:
-    """The emulated link rate in bits/s (node 0's with ``server=True``); None outside a cluster run."""
+def link_rate_bps(*, server: bool = False, node: bool = False, env=None) -> int | None:
+    """The emulated link rate in bits/s; None outside a cluster run.
+
+    Default: the --link rate (every worker node's link); ``server=True``: node 0's link
+    (differs with --server-link); ``node=True``: this rank's own node's link.
+    """
     env = os.environ if env is None else env
-    value = env.get(SERVER_LINK_ENV if server else LINK_ENV)
+    value = env.get(SERVER_LINK_ENV if server else NODE_LINK_ENV if node else LINK_ENV)
     return int(value) if value else None
 
 
@@ -43,9 +47,10 @@ def link_fraction(*, bits_per_s: float | None = None, bytes_per_s: float | None 
     return bits / link
 
 
-from .netns import Cluster, Node, format_rate, parse_rate, preflight  # noqa: E402
+from .checks import missing_requirements, preflight  # noqa: E402
+from .netns import Cluster, Node, format_rate, parse_rate  # noqa: E402
 from .run import RunResult, emulated_cluster, run_in_cluster  # noqa: E402
 
 __all__ = ["emulated_cluster", "run_in_cluster", "RunResult", "Cluster", "Node", "parse_rate", "format_rate",
-           "preflight", "link_rate_bps", "link_fraction", "LINK_ENV", "SERVER_LINK_ENV", "NODE_LINK_ENV",
+           "preflight", "missing_requirements", "link_rate_bps", "link_fraction", "LINK_ENV", "SERVER_LINK_ENV", "NODE_LINK_ENV",
            "NODE_ENV"]

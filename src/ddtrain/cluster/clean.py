@@ -6,7 +6,7 @@ cannot clean up after itself); this command also removes runs kept with ``--keep
 """
 from __future__ import annotations
 
-from . import netns
+from . import checks, netns
 
 
 def add_arguments(parser) -> None:
@@ -16,7 +16,7 @@ def add_arguments(parser) -> None:
 
 
 def main(args) -> int:
-    netns.preflight()
+    checks.preflight()
     if args.dry_run:
         for name in netns.list_namespaces():
             print(name)

@@ -10,13 +10,14 @@ Modes (first rank = rank 0 on node 0, last rank = the last rank, on the last nod
   incast  every rank except the first sends BYTES to the first at once; rate = total received
           by the first rank / time, bounded by the first node's link (the server's, in ps terms).
 Each mode runs ``--repeat`` times after a small warm-up exchange; the table shows the median.
-``of_link`` divides by the bottleneck link rate the cluster exported (DDTRAIN_*LINK_BPS); it
-is blank outside ``ddtrain cluster run``.
+``of_link`` divides by the bottleneck link rate (each rank's node and node link rate, which
+the cluster exports); it is blank outside ``ddtrain cluster run`` or when both ends share a node.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -25,17 +26,22 @@ import torch
 import torch.distributed as dist
 
 from .. import runtime
-from . import link_rate_bps
+from . import NODE_ENV, link_rate_bps
 
 MODES = ("send", "bidi", "incast")
 
 
-def _bottleneck_bps(mode: str) -> int | None:
-    worker = link_rate_bps()
-    server = link_rate_bps(server=True)
-    if worker is None:
+def _bottleneck_bps(mode: str, where: list) -> int | None:
+    """The link rate that bounds ``mode``, from every rank's (node, node link bits/s); None if unknown."""
+    (first_node, first_link), (last_node, last_link) = where[0], where[-1]
+    if first_link is None:
         return None
-    return min(worker, server or worker)  # every mode involves node 0 (maybe a --server-link)
+    if mode in ("send", "bidi"):
+        return None if first_node == last_node else min(first_link, last_link)
+    # incast: node 0's link in, or all other nodes' links out, whichever is smaller; senders on
+    # node 0 itself never touch a link (use one rank per node for a clean figure)
+    others = {node: link for node, link in where if node != first_node}
+    return min(first_link, sum(others.values())) if others else None
 
 
 def _once(mode: str, nbytes: int, world: int, rank: int) -> float | None:
@@ -92,6 +98,9 @@ def main(argv: list[str] | None = None) -> int:
         print("probe: error: needs at least 2 ranks (e.g. --nodes 2)", file=sys.stderr)
         return 2
     _once("send", 1024, world, rank)  # warm-up: connections are made on first use
+    where = [None] * world
+    node = os.environ.get(NODE_ENV)
+    dist.all_gather_object(where, (int(node) if node else None, link_rate_bps(node=True)))
     if rank == 0:
         print(f"# ddtrain cluster probe: {world} ranks, {args.bytes} bytes per transfer, median of {args.repeat}",
               flush=True)
@@ -104,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         dist.all_gather_object(box, mine)
         if rank == 0:
             bps = max(box)
-            link = _bottleneck_bps(mode)
+            link = _bottleneck_bps(mode, where)
             total = args.bytes * (world - 1 if mode == "incast" else 1)
             fraction = f"{bps / link:8.3f}" if link else f"{'':8}"
             print(f"  {mode:>6} {total:>12} {total * 8 / bps:8.4f} {bps / 1e6:9.2f} {fraction}", flush=True)

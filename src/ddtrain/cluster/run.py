@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..errors import DDTrainError
-from . import LINK_ENV, NODE_ENV, NODE_LINK_ENV, SERVER_LINK_ENV, netns
+from . import LINK_ENV, NODE_ENV, NODE_LINK_ENV, SERVER_LINK_ENV, checks, netns
 
 MASTER_PORT = 29500  # every node has its own network stack, so a fixed port cannot collide
 # Variables a surrounding launcher may have set; the ranks in the cluster must not see them.
@@ -36,7 +36,7 @@ def emulated_cluster(nodes: int, link, *, server_link=None, keep: bool = False):
     (with ``keep``, processes are stopped but namespaces and links stay for inspection,
     until ``ddtrain cluster clean``).
     """
-    netns.preflight()
+    checks.preflight()
     link_bps = link if isinstance(link, int) else netns.parse_rate(link)
     server_bps = None if server_link is None else (
         server_link if isinstance(server_link, int) else netns.parse_rate(server_link))

@@ -57,7 +57,7 @@ def main(args) -> int:
                                     timeout_s=args.timeout_s, sample_s=args.traffic_interval)
             print(result.traffic_table(), flush=True)
             if args.traffic_out:
-                _write_json(args.traffic_out, {"cluster": _describe(cluster, args), **result.to_dict()})
+                _write_json(args.traffic_out, {"cluster": _describe(cluster, args, command), **result.to_dict()})
     except KeyboardInterrupt:
         print("ddtrain: interrupted; the emulated cluster was torn down", file=sys.stderr, flush=True)
         return 130
@@ -82,11 +82,11 @@ def _header(cluster, procs_per_node: int) -> str:
     return "\n".join(lines)
 
 
-def _describe(cluster, args) -> dict:
+def _describe(cluster, args, command: list[str]) -> dict:
     return {"run_id": cluster.run_id, "nodes": len(cluster.nodes), "procs_per_node": args.procs_per_node,
             "link_bps": cluster.link_bps, "server_link_bps": cluster.nodes[0].link_bps,
             "addresses": [n.address for n in cluster.nodes], "tbf": netns.tbf_params(cluster.link_bps),
-            "command": list(args.command)}
+            "command": command}
 
 
 def _write_json(path: str, data: dict) -> None:

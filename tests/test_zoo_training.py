@@ -22,7 +22,7 @@ def test_zoo_models_train_on_two_ranks_from_the_cli(tmp_path, args):
                      "--out", str(out))
     assert result.returncode == 0, result.stderr
     record = json.loads(out.read_text())
-    assert record["world_size"] == 2 and record["epochs"][-1]["steps"] == 5
+    assert record["world_size"] == 2 and sum(e["steps"] for e in record["epochs"]) == 5
     assert all(torch.isfinite(torch.tensor(e["train_loss"])) for e in record["epochs"])
 
 

@@ -32,8 +32,11 @@ SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16, "int8": torch.int8, "int16": torch.int16,
           "int32": torch.int32, "int64": torch.int64}
+EXACT_INTEGERS = {"float16": 2048, "bfloat16": 256}   # largest whole number each holds exactly
 BENCH_OPS = ("sum", "avg", "max", "min")   # ops whose reference is exact on our test pattern
-CALIBRATION_MAX_BYTES = 16 << 20
+# Largest calibration message: enough for β to show over α. A CPU loopback needs ~16 MiB, an
+# NVLink, hundreds of times faster, much more.
+CALIBRATION_MAX_BYTES = {"cpu": 16 << 20, "cuda": 512 << 20}
 
 
 @dataclass(kw_only=True)
@@ -171,9 +174,15 @@ def run_bench(config: BenchConfig, group=None) -> dict:
     ranks = dist.get_world_size(group) if dist.is_initialized() else 1
     rank = dist.get_rank(group) if dist.is_initialized() else 0
     dtype = DTYPES[config.dtype]
+    exact_up_to = EXACT_INTEGERS.get(config.dtype)
+    if exact_up_to is not None and config.op in ("sum", "avg") and 4 * ranks > exact_up_to:
+        raise DDTrainError(f"--dtype {config.dtype} holds whole numbers exactly only up to {exact_up_to}; "
+                           f"sums over {ranks} ranks of the test pattern (|values| <= 4) exceed that, "
+                           "so #wrong could not tell rounding from error: use a wider dtype")
     calibration = None
     if config.calibrate:
-        calib_max = min(CALIBRATION_MAX_BYTES, max(64 << 10, max(config.sizes)))
+        cap = CALIBRATION_MAX_BYTES.get(device.type, CALIBRATION_MAX_BYTES["cpu"])
+        calib_max = min(cap, max(64 << 10, max(config.sizes)))
         calibration = calibrate(group, max_bytes=calib_max, budget_s=config.calibration_s, device=device)
         _progress(rank, f"# calibration done in {calibration.elapsed_s:.1f} s")
     rows = []
@@ -181,7 +190,7 @@ def run_bench(config: BenchConfig, group=None) -> dict:
         count = size // torch.empty((), dtype=dtype).element_size()
         inputs, expected = _pattern(rank, count, dtype, ranks, config.op, device)
         for algorithm in config.algorithms:
-            def call(work=None, algorithm=algorithm):
+            def call(work, algorithm=algorithm):
                 all_reduce(work, algorithm=algorithm, op=config.op, group=group)
             timing = _time_calls(call, inputs, expected, config, group, device)
             rows.append(_row(size, count, config.dtype, algorithm, timing, ranks,

@@ -17,6 +17,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("train",): ("ddtrain.train_cli", "train a model data-parallel (locally with --nproc, or under torchrun/srun/mpirun)"),
     ("model", "comm"): ("ddtrain.model_cli", "communications per epoch of centralized, decentralized and 000's method (Table 5.1)"),
     ("bench", "collectives"): ("ddtrain.bench.collectives", "time every all-reduce algorithm over a range of sizes against the alpha-beta model (nccl-tests style)"),
+    ("bench", "scaling"): ("ddtrain.bench.scaling", "throughput, speed-up and step split of strategies x workers (x batch, loader, amp), one launch per cell"),
+    ("report",): ("ddtrain.report", "turn a results folder (train or bench) into report.md and a self-contained report.html with plots"),
     ("cluster", "run"): ("ddtrain.cluster.cli", "run a ddtrain command on N emulated nodes (network namespaces) joined by rate-limited links"),
     ("cluster", "clean"): ("ddtrain.cluster.clean", "remove emulated-cluster namespaces left behind by crashed or --keep runs"),
 }

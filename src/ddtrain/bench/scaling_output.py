@@ -1,0 +1,193 @@
+"""What ``ddtrain bench scaling`` computes from each cell's results record, and prints.
+
+Every figure is defined in docs/PERFORMANCE.md ("ddtrain bench scaling"). In short: step
+time is the mean wall time of a timed step on the slowest worker; samples/s = workers x batch /
+step time; speed-up = samples/s over the same strategy's 1-worker cell (the per-worker batch is
+fixed, so this equals the ratio of epoch times); efficiency = speed-up / workers (relative to
+the baseline's workers when there is no 1-worker cell).
+"""
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from pathlib import Path
+
+from .tables import fmt, render_table
+
+PARTS = ("data_s", "compute_s", "comm_wait_s", "optimizer_s")
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path(root).resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _log_error(log: str) -> str:
+    try:
+        lines = [line.strip() for line in Path(log).read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or ["no output"])[-1][:300]
+
+
+def network_check(record: dict) -> list[dict]:
+    """Per interface group: bytes on the interface (/proc/net/dev) against our counters, over the timed window.
+
+    Ranks on one host in one network namespace share an interface's counters, so those are
+    compared with the sum of the ranks' counted bytes. ``ours`` is what the comm layer counted
+    (payload) where it counted anything, else the strategy's own figure (``method`` says which).
+    """
+    from ..monitor import delta
+    monitor, profile = record.get("monitor"), record.get("profile") or {}
+    if not monitor:
+        return []
+    windows = [r["window_s"] for r in profile.get("ranks", []) if r.get("window_s") and r["role"] == "worker"]
+    start, end = (windows[0] if windows else (None, None))
+    groups: dict[tuple, dict] = {}
+    for r in monitor["ranks"]:
+        if not r["interfaces"]:
+            continue
+        key = (r["host"], r["netns"], tuple(r["interfaces"]))
+        s = r["samples"]
+        g = groups.setdefault(key, {"host": r["host"], "interfaces": list(r["interfaces"]), "ranks": [],
+                                    "net_tx_bytes": delta(s, "net_tx_bytes", start, end),
+                                    "net_rx_bytes": delta(s, "net_rx_bytes", start, end),
+                                    "net_tx_packets": delta(s, "net_tx_packets", start, end),
+                                    "counted_sent_bytes": 0, "strategy_sent_bytes": 0})
+        g["ranks"].append(r["rank"])
+        g["counted_sent_bytes"] += delta(s, "counted_bytes_sent", start, end) or 0
+        g["strategy_sent_bytes"] += delta(s, "strategy_bytes_sent", start, end) or 0
+    out = []
+    for g in groups.values():
+        ours, method = ((g["counted_sent_bytes"], "counted") if g["counted_sent_bytes"]
+                        else (g["strategy_sent_bytes"], "strategy"))
+        g.update(ours_sent_bytes=ours, ours_method=method,
+                 ratio=(g["net_tx_bytes"] / ours if ours and g["net_tx_bytes"] is not None else None))
+        out.append(g)
+    return out
+
+
+def cell_row(config, cell, run: dict, record_path: Path, root: Path) -> dict:
+    """Everything the table, scaling.json and the report need about one cell."""
+    from ..data.loading import steps_per_epoch
+    row = {"cell": cell.name, "strategy": cell.strategy, "workers": cell.workers, "ranks": cell.ranks,
+           "batch_size": cell.batch_size, "loader_workers": cell.loader_workers, "amp": cell.amp,
+           "ok": False, "exit_code": run["exit_code"], "wall_s": run["wall_s"], "log": _rel(run["log"], root),
+           "record": _rel(record_path, root)}
+    record = None
+    if run["exit_code"] == 0 and record_path.exists():
+        record = json.loads(record_path.read_text())
+    profile = (record or {}).get("profile") or {}
+    if not profile.get("step_time_s"):
+        row["error"] = ("stopped at --cell-timeout" if run["timed_out"] else
+                        _log_error(run["log"]) if run["exit_code"] else "no timed steps in the record")
+        return row
+    step = profile["step_time_s"]
+    per_epoch = steps_per_epoch(record["sharding"]["samples_per_rank"], cell.batch_size)
+    if config.epochs:
+        times = [e["time_s"] for e in record["epochs"]]
+        epoch_s = statistics.median(times[1:] or times)
+        kind = "measured" if len(times) > 1 else "measured, incl. warm-up"
+    else:
+        epoch_s, kind = step * per_epoch, "extrapolated"
+    per_rank = [{"rank": r["rank"], "role": r["role"], **(r["split_s"] if r["timed_steps"] else {}),
+                 "step_time_s": r["step_time_s"], "split_sum_pct": r["split_sum_pct"]} for r in profile["ranks"]]
+    workers = [r for r in per_rank if r["role"] == "worker" and r.get("data_s") is not None]
+    last = record["epochs"][-1] if record["epochs"] else {}
+    row.update(ok=True, step_time_s=step, samples_per_s=profile["samples_per_s"], steps_per_epoch=per_epoch,
+               epoch_time_s=epoch_s, epoch_time_kind=kind, timed_steps=min(r["timed_steps"] for r in profile["ranks"]
+                                                                           if r["role"] == "worker"),
+               split_s={k: statistics.fmean(r[k] for r in workers) for k in PARTS}, per_rank=per_rank,
+               split_sum_pct=[r["split_sum_pct"] for r in workers],
+               straggler=profile.get("straggler", {}).get("text"), gradient_bytes=profile.get("gradient_bytes"), train_loss=last.get("train_loss"),
+               comm=record.get("comm"), network=network_check(record),
+               trace=_rel(profile["trace"], root) if profile.get("trace") else None)
+    return row
+
+
+def finish_rows(rows: list[dict]) -> None:
+    """Speed-up and efficiency against the smallest-worker cell (1 worker when there is one) of each setup."""
+    setups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        setups.setdefault((r["strategy"], r["batch_size"], r["loader_workers"], r["amp"]), []).append(r)
+    for members in setups.values():
+        ok = [r for r in members if r["ok"]]
+        base = min(ok, key=lambda r: r["workers"]) if ok else None
+        for r in members:
+            if r["ok"] and base is not None:
+                r["baseline_workers"] = base["workers"]
+                r["speedup"] = r["samples_per_s"] / base["samples_per_s"]
+                r["efficiency"] = r["speedup"] / (r["workers"] / base["workers"])
+
+
+COLUMNS = [("strategy", ""), ("workers", ""), ("ranks", ""), ("batch", "(/worker)"), ("loader", ""),
+           ("amp", ""), ("samples/s", "(1/s)"), ("step", "(ms)"), ("epoch", "(s)"), ("", ""),
+           ("speed-up", "(x)"), ("effic.", "(%)"), ("data", "(ms)"), ("compute", "(ms)"), ("comm", "(ms)"),
+           ("optim", "(ms)"), ("sum", "(%)")]
+RANK_COLUMNS = [("cell", ""), ("rank", ""), ("role", ""), ("data", "(ms)"), ("compute", "(ms)"),
+                ("comm wait", "(ms)"), ("optimizer", "(ms)"), ("split sum", "(ms)"), ("step", "(ms)"),
+                ("sum/step", "(%)")]
+
+
+def _ms(value) -> str:
+    return fmt(None if value is None else 1e3 * value, 1)
+
+
+def render(result: dict) -> str:
+    """The printout: '#' header lines, the cell table, the per-rank split, network and straggler lines."""
+    c, rows = result["config"], result["cells"]
+    lines = [f"# ddtrain bench scaling: {c['model']} on {c['data']}, {result['cores']} CPU cores, "
+             f"{c['warmup_steps']} warm-up steps excluded, "
+             + (f"{c['steps']} timed steps per cell" if c["steps"] else f"{c['epochs']} epoch(s) per cell"),
+             "# step: mean wall time of a timed step (slowest worker); samples/s = workers x batch / step;",
+             "# epoch: x = extrapolated (step x steps per epoch), m = measured; speed-up: samples/s over the",
+             "# smallest-worker cell of the same strategy/batch/loader/amp; efficiency = speed-up / worker ratio;",
+             "# data/compute/comm/optim: mean over workers of the step split; sum: split sum / measured step", "#"]
+    body = []
+    for r in rows:
+        if not r["ok"]:
+            body.append([r["strategy"], str(r["workers"]), str(r["ranks"]), str(r["batch_size"]),
+                         str(r["loader_workers"]), r["amp"], "FAILED", *["" for _ in COLUMNS[7:]]])
+            continue
+        s, sums = r["split_s"], r["split_sum_pct"]
+        worst = max(sums, key=lambda v: abs(v - 100)) if sums else None
+        body.append([r["strategy"], str(r["workers"]), str(r["ranks"]), str(r["batch_size"]), str(r["loader_workers"]),
+                     r["amp"], fmt(r["samples_per_s"], 1), _ms(r["step_time_s"]), fmt(r["epoch_time_s"], 1),
+                     "m" if r["epoch_time_kind"].startswith("measured") else "x", fmt(r.get("speedup"), 2),
+                     fmt(100 * r["efficiency"] if r.get("efficiency") is not None else None, 0),
+                     *[_ms(s[k]) for k in PARTS], fmt(worst, 1)])
+    lines += render_table(COLUMNS, body)
+    lines += ["#", "# per rank (mean per timed step):"]
+    rank_body = []
+    for r in rows:
+        for x in r.get("per_rank", []) if r["ok"] else []:
+            if x.get("data_s") is None:
+                rank_body.append([r["cell"], str(x["rank"]), x["role"], *["-"] * 7])
+                continue
+            total = sum(x[k] for k in PARTS)
+            rank_body.append([r["cell"], str(x["rank"]), x["role"], *[_ms(x[k]) for k in PARTS], _ms(total),
+                              _ms(x["step_time_s"]), fmt(x["split_sum_pct"], 1)])
+    lines += render_table(RANK_COLUMNS, rank_body)
+    net = [(r, g) for r in rows if r["ok"] for g in r.get("network", [])]
+    if net:
+        lines += ["#", "# network over the timed window: bytes sent on the interface (/proc/net/dev) vs ours"]
+        for r, g in net:
+            lines.append(f"#   {r['cell']}: {','.join(g['interfaces'])} (ranks {','.join(map(str, g['ranks']))}) "
+                         f"{_mb(g['net_tx_bytes'])} MB on the interface, {_mb(g['ours_sent_bytes'])} MB "
+                         f"{g['ours_method']} by us, ratio {fmt(g['ratio'], 3)}")
+    stragglers = [(r["cell"], r["straggler"]) for r in rows if r["ok"] and r.get("straggler") and r["workers"] > 1]
+    if stragglers:
+        lines += ["#", "# stragglers:"] + [f"#   {name}: {text}" for name, text in stragglers]
+    failed = [r for r in rows if not r["ok"]]
+    for r in failed:
+        lines.append(f"# FAILED {r['cell']}: {r.get('error')} (log: {r['log']})")
+    lines.append(f"# elapsed: {result['elapsed_s']:.1f} s")
+    return "\n".join(lines)
+
+
+def _mb(value) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value / 1e6:.2f}"

@@ -141,7 +141,7 @@ def test_refuses_before_touching_anything(tmp_path, monkeypatch, capsys, case):
 # ---------------------------------------------------------------- root and ip netns needed
 @needs_netns
 def test_creates_isolated_nodes_with_rate_limited_links():
-    with emulated_cluster(3, "100mbit", server_link="50mbit") as cluster:
+    with emulated_cluster(3, "100mbit", server_link="50mbit", server_node=-1) as cluster:
         ours = netns.list_namespaces()
         assert cluster.bridge_namespace in ours
         for node in cluster.nodes:
@@ -158,7 +158,7 @@ def test_creates_isolated_nodes_with_rate_limited_links():
             peer = cluster.nodes[(node.index + 1) % 3].address
             assert _ip_json("-n", node.namespace, "route", "get", peer)[0]["dev"] == node.interface
             # tbf on both ends of the veth: node egress (its uploads) and bridge egress (its downloads)
-            expected_rate = 50_000_000 if node.index == 0 else 100_000_000
+            expected_rate = 50_000_000 if node.index == 2 else 100_000_000  # -1: the last node
             assert node.link_bps == expected_rate
             there = node.interface.replace(f"n{node.index}", f"b{node.index}")
             for ns, dev in ((node.namespace, node.interface), (cluster.bridge_namespace, there)):

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 LINK_ENV = "DDTRAIN_LINK_BPS"                # the --link rate, bits/s (workers' links)
-SERVER_LINK_ENV = "DDTRAIN_SERVER_LINK_BPS"  # node 0's link rate, bits/s (= LINK unless --server-link)
+SERVER_LINK_ENV = "DDTRAIN_SERVER_LINK_BPS"  # the --server-node's link rate, bits/s (= LINK unless --server-link)
 NODE_LINK_ENV = "DDTRAIN_NODE_LINK_BPS"      # this rank's own node link, bits/s
 NODE_ENV = "DDTRAIN_CLUSTER_NODE"            # this rank's node index
 
@@ -23,8 +23,8 @@ NODE_ENV = "DDTRAIN_CLUSTER_NODE"            # this rank's node index
 def link_rate_bps(*, server: bool = False, node: bool = False, env=None) -> int | None:
     """The emulated link rate in bits/s; None outside a cluster run.
 
-    Default: the --link rate (every worker node's link); ``server=True``: node 0's link
-    (differs with --server-link); ``node=True``: this rank's own node's link.
+    Default: the --link rate (every worker node's link); ``server=True``: the server node's
+    link (differs with --server-link); ``node=True``: this rank's own node's link.
     """
     env = os.environ if env is None else env
     value = env.get(SERVER_LINK_ENV if server else NODE_LINK_ENV if node else LINK_ENV)

@@ -1,7 +1,8 @@
 """``ddtrain cluster run``: a ddtrain command on N emulated nodes joined by rate-limited links.
 
     sudo ddtrain cluster run --nodes 4 --link 200mbit -- ddtrain bench collectives --sizes 1M:64M
-    sudo ddtrain cluster run --nodes 5 --link 200mbit --server-link 1gbit --traffic-out t.json -- ddtrain train …
+    sudo ddtrain cluster run --nodes 5 --link 200mbit --server-link 1gbit --server-node -1 --traffic-out t.json \
+         -- ddtrain train --strategy ps-sync …      # ps-sync's server is the last rank: give it the last node
 
 World size = nodes × procs-per-node (a ``--nproc`` of the inner command is not used: the
 cluster is the launcher). Prints each node's traffic at the end; the exit status is the job's.
@@ -25,7 +26,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--link", required=True,
                         help="every node's link rate, each direction, in tc's bit units (e.g. 200mbit, 1gbit)")
     parser.add_argument("--server-link", default=None,
-                        help="a different rate for node 0's link (the parameter server's node in ps strategies)")
+                        help="a different rate for the --server-node's link (the parameter server's node)")
+    parser.add_argument("--server-node", type=int, default=0,
+                        help="which node gets --server-link; negative counts from the end (ddtrain's ps-sync "
+                             "and ps-async make the LAST ranks servers: use -1 for them)")
     parser.add_argument("--keep", action="store_true",
                         help="leave namespaces and links in place afterwards (processes are still stopped); "
                              "remove them with 'ddtrain cluster clean'")
@@ -51,7 +55,8 @@ def main(args) -> int:
     link_bps = netns.parse_rate(args.link)
     server_bps = netns.parse_rate(args.server_link) if args.server_link else None
     try:
-        with emulated_cluster(args.nodes, link_bps, server_link=server_bps, keep=args.keep) as cluster:
+        with emulated_cluster(args.nodes, link_bps, server_link=server_bps, server_node=args.server_node,
+                              keep=args.keep) as cluster:
             print(_header(cluster, args.procs_per_node), flush=True)
             result = run_in_cluster(cluster, command, procs_per_node=args.procs_per_node,
                                     timeout_s=args.timeout_s, sample_s=args.traffic_interval)
@@ -77,14 +82,16 @@ def _header(cluster, procs_per_node: int) -> str:
     lines = [f"# emulated cluster {cluster.run_id}: {len(cluster.nodes)} nodes x {procs_per_node} ranks, "
              f"link {netns.format_rate(cluster.link_bps)} each way (tc tbf burst {p['burst']} B, "
              f"limit {p['limit']} B), master {cluster.master_addr}"]
-    if cluster.nodes[0].link_bps != cluster.link_bps:
-        lines.append(f"# node 0 (server) link {netns.format_rate(cluster.nodes[0].link_bps)}")
+    server = cluster.nodes[cluster.server_node]
+    if server.link_bps != cluster.link_bps:
+        lines.append(f"# node {server.index} (server) link {netns.format_rate(server.link_bps)}")
     return "\n".join(lines)
 
 
 def _describe(cluster, args, command: list[str]) -> dict:
     return {"run_id": cluster.run_id, "nodes": len(cluster.nodes), "procs_per_node": args.procs_per_node,
-            "link_bps": cluster.link_bps, "server_link_bps": cluster.nodes[0].link_bps,
+            "link_bps": cluster.link_bps, "server_node": cluster.server_node,
+            "server_link_bps": cluster.nodes[cluster.server_node].link_bps,
             "addresses": [n.address for n in cluster.nodes], "tbf": netns.tbf_params(cluster.link_bps),
             "command": command}
 

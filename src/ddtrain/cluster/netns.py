@@ -57,6 +57,7 @@ class Cluster:
     nodes: tuple[Node, ...]
     bridge_namespace: str
     link_bps: int            # the --link rate (the workers' links)
+    server_node: int = 0     # the node that got --server-link (if any)
 
     @property
     def master_addr(self) -> str:
@@ -212,10 +213,17 @@ def new_run_id() -> str:
     return f"{PREFIX}{os.getpid()}-{secrets.token_hex(3)}"
 
 
-def create(nodes: int, link_bps: int, server_link_bps: int | None = None, run_id: str | None = None) -> Cluster:
-    """Build the namespaces, bridge, links, addresses and rate limits; on failure, undo all."""
+def create(nodes: int, link_bps: int, server_link_bps: int | None = None, run_id: str | None = None,
+           server_node: int = 0) -> Cluster:
+    """Build the namespaces, bridge, links, addresses and rate limits; on failure, undo all.
+
+    ``server_link_bps`` is the rate of node ``server_node``'s link (negative counts from the end).
+    """
     if not 1 <= nodes <= MAX_NODES:
         raise DDTrainError(f"--nodes must be 1..{MAX_NODES}, got {nodes}")
+    if not -nodes <= server_node < nodes:
+        raise DDTrainError(f"--server-node must be in {-nodes}..{nodes - 1} for {nodes} nodes, got {server_node}")
+    server_node %= nodes
     run_id = run_id or new_run_id()
     tag = run_id.rsplit("-", 1)[1]
     bridge_ns, bridge = f"{run_id}-br", f"ddt{tag}br"
@@ -229,7 +237,7 @@ def create(nodes: int, link_bps: int, server_link_bps: int | None = None, run_id
         built = []
         for i in range(nodes):
             ns, here, there = f"{run_id}-n{i}", f"ddt{tag}n{i}", f"ddt{tag}b{i}"
-            bps = server_link_bps if (i == 0 and server_link_bps) else link_bps
+            bps = server_link_bps if (i == server_node and server_link_bps) else link_bps
             address = f"{SUBNET}.{i + 1}"
             _run(["ip", "-n", ns, "link", "add", here, "type", "veth", "peer", "name", there,
                   "netns", bridge_ns])
@@ -239,7 +247,7 @@ def create(nodes: int, link_bps: int, server_link_bps: int | None = None, run_id
             _run(_tbf(ns, here, bps))            # what node i sends
             _run(_tbf(bridge_ns, there, bps))    # what node i receives
             built.append(Node(i, ns, here, address, bps))
-        return Cluster(run_id, tuple(built), bridge_ns, link_bps)
+        return Cluster(run_id, tuple(built), bridge_ns, link_bps, server_node)
     except BaseException:
         destroy_run(run_id)
         raise

@@ -8,7 +8,7 @@ Modes (first rank = rank 0 on node 0, last rank = the last rank, on the last nod
   bidi    first and last rank send BYTES to each other at once (a link is full duplex, so each
           direction should reach the link rate); rate = per direction.
   incast  every rank except the first sends BYTES to the first at once; rate = total received
-          by the first rank / time, bounded by the first node's link (the server's, in ps terms).
+          by the first rank / time, bounded by the first node's link (a server's, in ps terms).
 Each mode runs ``--repeat`` times after a small warm-up exchange; the table shows the median.
 ``of_link`` divides by the bottleneck link rate (each rank's node and node link rate, which
 the cluster exports); it is blank outside ``ddtrain cluster run`` or when both ends share a node.

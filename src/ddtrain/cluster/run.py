@@ -28,8 +28,10 @@ _LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP
 
 
 @contextlib.contextmanager
-def emulated_cluster(nodes: int, link, *, server_link=None, keep: bool = False):
+def emulated_cluster(nodes: int, link, *, server_link=None, server_node: int = 0, keep: bool = False):
     """Create ``nodes`` emulated nodes with ``link`` (e.g. "200mbit") links; yield the Cluster.
+
+    ``server_link`` is a different rate for node ``server_node`` (negative: from the end).
 
     Refuses (DDTrainError naming what is missing) before creating anything; sweeps leftovers
     of dead earlier runs; tears everything down on exit, on exceptions, Ctrl-C and SIGTERM
@@ -44,7 +46,7 @@ def emulated_cluster(nodes: int, link, *, server_link=None, keep: bool = False):
     previous = _raise_on_termination()
     run_id, cluster = netns.new_run_id(), None
     try:
-        cluster = netns.create(nodes, link_bps, server_bps, run_id=run_id)
+        cluster = netns.create(nodes, link_bps, server_bps, run_id=run_id, server_node=server_node)
         yield cluster
     finally:
         _ignore_termination()  # a second Ctrl-C must not interrupt the teardown
@@ -160,7 +162,7 @@ def node_env(cluster: netns.Cluster, node: netns.Node, procs_per_node: int, extr
     ranks_here = procs_per_node * max(1, min(len(cluster.nodes), os.cpu_count() or 1))
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks_here)))
     env.update({"GLOO_SOCKET_IFNAME": node.interface, NODE_ENV: str(node.index),
-                LINK_ENV: str(cluster.link_bps), SERVER_LINK_ENV: str(cluster.nodes[0].link_bps),
+                LINK_ENV: str(cluster.link_bps), SERVER_LINK_ENV: str(cluster.nodes[cluster.server_node].link_bps),
                 NODE_LINK_ENV: str(node.link_bps)})
     if not env.get("DDTRAIN_DEBUG"):
         # torchelastic's loggers read LOGLEVEL when created, the C++ side TORCH_CPP_LOG_LEVEL:

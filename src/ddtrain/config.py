@@ -41,6 +41,13 @@ class TrainConfig:
     quiet: bool = False                    # no per-epoch lines or progress bar
     out: str | None = None                 # results record (JSON)
     save: str | None = None                # final model (.pt state dict or .safetensors)
+    checkpoint_dir: str | None = None      # where checkpoints go (rank 0 writes, see ddtrain.checkpoint)
+    checkpoint_every: int = 0              # steps between checkpoints (0: at every epoch end)
+    keep: int = 3                          # checkpoints kept; older ones are deleted
+    resume: bool = False                   # continue from the newest whole checkpoint in checkpoint_dir
+    max_restarts: int = 0                  # torchrun restarts all workers this often after a failure
+    on_nonfinite: str = "stop"             # non-finite loss or gradients: stop, or skip the step on every rank
+    on_mismatch: str = "stop"              # replicas differ at a check: stop, or rebroadcast rank 0's parameters
 
     def __post_init__(self):
         positive = {"batch_size": self.batch_size, "servers": self.servers}
@@ -67,6 +74,33 @@ class TrainConfig:
                 raise DDTrainError(f"--{name} {value!r} is not one of: {', '.join(allowed)}")
         if self.sync_every != "epoch" and (not isinstance(self.sync_every, int) or self.sync_every < 1):
             raise DDTrainError(f"--sync-every must be a positive integer or 'epoch', got {self.sync_every!r}")
+        self._check_reliability()
+
+    def _check_reliability(self):
+        import math
+        for name, value in (("lr", self.lr), ("momentum", self.momentum), ("weight_decay", self.weight_decay)):
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise DDTrainError(f"--{name.replace('_', '-')} must be a finite number, got {value!r}")
+        if self.weight_decay < 0:
+            raise DDTrainError(f"--weight-decay must be >= 0, got {self.weight_decay}")
+        if not isinstance(self.seed, int) or self.seed < 0:
+            raise DDTrainError(f"--seed must be a non-negative integer, got {self.seed!r}")
+        for name in ("checkpoint_every", "max_restarts"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise DDTrainError(f"--{name.replace('_', '-')} must be a non-negative integer, got {getattr(self, name)!r}")
+        if not isinstance(self.keep, int) or self.keep < 1:
+            raise DDTrainError(f"--keep must be a positive integer, got {self.keep!r}")
+        for name, value in (("on-nonfinite", self.on_nonfinite), ("on-mismatch", self.on_mismatch)):
+            allowed = ("stop", "skip") if name == "on-nonfinite" else ("stop", "rebroadcast")
+            if value not in allowed:
+                raise DDTrainError(f"--{name} {value!r} is not one of: {', '.join(allowed)}")
+        if not self.checkpoint_dir and (self.resume or self.checkpoint_every):
+            flag = "--resume" if self.resume else "--checkpoint-every"
+            raise DDTrainError(f"{flag} needs --checkpoint-dir DIR")
+        if self.checkpoint_dir and self.strategy.startswith("ps-"):
+            raise DDTrainError(f"checkpoints are not supported with --strategy {self.strategy}: the parameter "
+                               "servers' state lives outside the training loop (use --max-restarts alone, which "
+                               "restarts from step 0)")
 
     def as_dict(self) -> dict:
         return asdict(self)

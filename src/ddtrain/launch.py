@@ -17,6 +17,8 @@ import sys
 from .errors import DDTrainError
 
 LAUNCH_ENV_MARKERS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+# A rank that stops because rank 0 reports the problem (once) exits with this status, silently.
+PEER_STOPPED_EXIT = 4
 
 
 def inside_launcher() -> bool:
@@ -57,18 +59,77 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
     os.environ.update(env or {})
     if not os.environ.get("DDTRAIN_DEBUG"):
         logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)
+    notice = _RestartNotice(max_restarts)
     port = free_port()
-    args = parse_args(["--nnodes", "1", "--nproc-per-node", str(nproc), "--rdzv-backend", "static",
-                       "--master-addr", "127.0.0.1", "--master-port", str(port),
+    if max_restarts:
+        # The static rendezvous keeps one store for every attempt, so a restarted process group
+        # finds the dead attempt's addresses there and cannot connect. The c10d rendezvous with
+        # its store not shared gives each attempt a fresh store (hosted by the new rank 0).
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--local-addr", "127.0.0.1"]
+    else:
+        rendezvous = ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    args = parse_args(["--nnodes", "1", "--nproc-per-node", str(nproc), *rendezvous,
                        "--max-restarts", str(max_restarts), "--monitor-interval", "0.2",
                        "--module", module, *argv])
     try:
         run(args)
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
+        rank, failure = cause(exc.failures)
         print(f"ddtrain: error: {describe_failure(rank, failure.exitcode)}", file=sys.stderr, flush=True)
         return failure.exitcode if failure.exitcode > 0 else 1
+    finally:
+        notice.close()
     return 0
+
+
+def _priority(exitcode: int) -> int:
+    """Which failure caused the others: a signal other than the agent's SIGTERM, then an error status,
+    then a rank that lost its peers (1), then one that stopped for rank 0's report, then SIGTERM."""
+    if exitcode < 0:
+        return 4 if -exitcode == signal.SIGTERM else 0
+    return {1: 2, PEER_STOPPED_EXIT: 3}.get(exitcode, 1)
+
+
+def cause(failures: dict):
+    """(rank, failure) that most likely started a failed job (torchrun's timestamps are whole seconds)."""
+    rank = min(failures, key=lambda r: (_priority(failures[r].exitcode), failures[r].timestamp, r))
+    return rank, failures[rank]
+
+
+class _RestartNotice(logging.Handler):
+    """Turns torchrun's own log records into one line when it restarts the workers."""
+
+    PROC_LOGGER = "torch.distributed.elastic.multiprocessing.api"
+    AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
+
+    def __init__(self, max_restarts: int):
+        super().__init__(logging.INFO)
+        self.max_restarts, self.last = max_restarts, None
+        self.loggers = [logging.getLogger(name) for name in (self.PROC_LOGGER, self.AGENT_LOGGER)] \
+            if max_restarts > 0 and not os.environ.get("DDTRAIN_DEBUG") else []
+        self.saved = [(lg.level, lg.propagate) for lg in self.loggers]
+        for lg in self.loggers:
+            lg.setLevel(logging.INFO)
+            lg.propagate = False
+            lg.addHandler(self)
+
+    def emit(self, record) -> None:
+        msg = str(record.msg)
+        if msg.startswith("failed (exitcode"):
+            self.last = (record.args[1], record.args[0])  # (local rank, exit code)
+        elif "attempts left" in msg:
+            left = record.args[2]
+            what = describe_failure(*self.last).split(";")[0] if self.last else "a worker failed"
+            print(f"ddtrain: {what}; restarting all workers (restart {self.max_restarts - left + 1} of "
+                  f"{self.max_restarts})", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        for lg, (level, propagate) in zip(self.loggers, self.saved):
+            lg.removeHandler(self)
+            lg.setLevel(level)
+            lg.propagate = propagate
+        super().close()
 
 
 def describe_failure(rank: int, exitcode: int) -> str:

@@ -18,11 +18,43 @@ def atomic_write(path: str | os.PathLike, write) -> Path:
     os.close(fd)
     try:
         write(tmp)
+        _fsync(tmp)          # the bytes are on disk before the name points at them
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync(path.parent)      # and the rename itself survives a power cut
     return path
+
+
+def _fsync(path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:  # some filesystems refuse fsync on directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def check_writable(path, flag: str) -> None:
+    """Raise DDTrainError unless ``path`` can be created: its nearest existing parent is a writable directory."""
+    if not path:
+        return
+    from .errors import DDTrainError
+    target = Path(path)
+    if target.is_dir():
+        raise DDTrainError(f"{flag} {path!r} is a directory; give a file name")
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise DDTrainError(f"{flag} {path!r}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DDTrainError(f"{flag} {path!r}: cannot write in {parent}")
 
 
 def write_json(path, data: dict) -> Path:
@@ -30,8 +62,6 @@ def write_json(path, data: dict) -> Path:
         with open(tmp, "w") as f:
             json.dump(data, f, indent=2, default=_jsonable)
             f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
     return atomic_write(path, write)
 
 

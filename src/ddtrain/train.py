@@ -13,13 +13,12 @@ import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
 
-from . import records, runtime, tracing
+from . import guard, records, runtime, stall, tracing
 from .config import TrainConfig
 from .data import Data
 from .data.loading import ShardLoader
 from .data.sharding import ShardSampler
-from .errors import DDTrainError
-from .faults import maybe_inject
+from .keeper import Keeper
 from .progress import ProgressBar, epoch_line
 from .sync import SyncOptions, wrap
 
@@ -53,7 +52,8 @@ def _loss_fn(task: str):
 class _Meter:
     """Sums kept on the device (no host sync per step), reduced over the workers at epoch end."""
 
-    def __init__(self, device):
+    def __init__(self, device, classify: bool = True):
+        self.classify = classify
         self.sums = torch.zeros(3, dtype=torch.float64, device=device)  # loss·n, correct, n
 
     def add(self, loss, out, y, classify: bool):
@@ -68,7 +68,8 @@ class _Meter:
         if distributed:
             dist.all_reduce(sums, group=group)
         loss_sum, correct, n = sums.tolist()
-        return (loss_sum / n if n else float("nan")), (correct / n if n else None), int(n)
+        accuracy = correct / n if n and self.classify else None
+        return (loss_sum / n if n else float("nan")), accuracy, int(n)
 
 
 def evaluate(module: nn.Module, dataset, *, worker_rank: int, workers: int, batch_size: int, device,
@@ -76,7 +77,8 @@ def evaluate(module: nn.Module, dataset, *, worker_rank: int, workers: int, batc
     """Loss and accuracy over ``dataset``, each worker taking every ``workers``-th sample."""
     sampler = ShardSampler(len(dataset), rank=worker_rank, world_size=workers, shuffle=False, remainder="pad") \
         if len(dataset) >= workers else None
-    meter, classify, loss_fn = _Meter(device), task == "classification", _loss_fn(task)
+    classify, loss_fn = task == "classification", _loss_fn(task)
+    meter = _Meter(device, classify)
     was_training = module.training
     module.eval()
     if sampler is not None:
@@ -117,6 +119,7 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = optimizer or build_optimizer(config, model.parameters())
+    guard.check_startup(config, model, data)  # ranks that disagree refuse to start, naming rank and field
     synced = wrap(config.strategy, model, optimizer, sync_options(config))
     distributed = runtime.is_distributed()
     torch.manual_seed(config.seed * 1000 + runtime.rank())  # per-rank dropout and augmentation
@@ -137,13 +140,17 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
               "strategy": config.strategy, "role": synced.role, "sharding": sampler.describe(),
               "global_batch_size": config.batch_size * synced.workers, "epochs": [],
               "versions": records.versions(runtime.backend(), device)}
+    state["keeper"] = keeper = Keeper(config, synced, optimizer, scaler, record, data, epochs=epochs)
+    keeper.resume()  # --resume, or a restart by torchrun: continue from the newest whole checkpoint
     for cb in callbacks:
         cb.on_train_begin(state)
     if synced.role == "server":
         synced.serve()
     else:
-        _train_epochs(step_model, synced, loader, data, config, epochs, loss_fn, classify, scaler,
-                      device, distributed, callbacks, state, record)
+        with stall.watched(what=f"strategy {config.strategy}, backend {runtime.backend()}",
+                           timeout_s=runtime.timeout_s(), group=synced.group):
+            _train_epochs(step_model, synced, loader, data, config, epochs, loss_fn, classify, scaler,
+                          device, distributed, callbacks, state, record)
     synced.finish()
     synced.update_stats()
     record["comm"] = _gather_stats(synced, distributed)
@@ -161,31 +168,34 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
 
 def _train_epochs(step_model, synced, loader, data, config, epochs, loss_fn, classify, scaler, device,
                   distributed, callbacks, state, record):
-    step, rank0 = 0, runtime.rank() == 0 and not config.quiet
+    keeper = state["keeper"]
+    step, rank0 = keeper.step, runtime.rank() == 0 and not config.quiet
     step_model.train()
-    for epoch in range(1, epochs + 1):
+    for epoch in range(keeper.epoch, epochs + 1):
         loader.set_epoch(epoch)
         for cb in callbacks:
             cb.on_epoch_begin(epoch, state)
-        meter, split = _Meter(device), {"data_s": 0.0, "compute_s": 0.0, "optimizer_s": 0.0}
+        meter, split = _Meter(device, classify), {"data_s": 0.0, "compute_s": 0.0, "optimizer_s": 0.0}
         bar = ProgressBar(loader.steps, f"Epoch {epoch}/{epochs}", enabled=rank0)
         start = last = time.perf_counter()
-        steps_done = 0
-        for x, y in loader:
+        start -= keeper.time_done(epoch)  # a resumed epoch counts the time its first part took
+        steps_done = keeper.begin_epoch(epoch, meter)  # > 0 only in the epoch a checkpoint stopped in
+        for x, y in keeper.batches(loader):
             if config.steps and step >= config.steps:
                 break
             for cb in callbacks:
                 cb.on_step_begin(step, state)
-            maybe_inject(step, runtime.rank())
+            keeper.begin_step(step)
             t_data = time.perf_counter()
             with _autocast(device, config.amp):
                 out = step_model(x)
                 loss = loss_fn(out.float(), y)
-            if device.type == "cpu" or step % 50 == 0:  # on a GPU, .item() every step would stall it
-                _check_finite(loss, step)
+            keeper.check_loss(loss, step)
             (scaler.scale(loss) if scaler else loss).backward()
             t_compute = time.perf_counter()
-            if scaler:
+            if not keeper.step_ok(step):  # non-finite and --on-nonfinite skip: every rank skips it
+                pass
+            elif scaler:
                 scaler.step(synced.optimizer)
                 scaler.update()
             else:
@@ -204,6 +214,7 @@ def _train_epochs(step_model, synced, loader, data, config, epochs, loss_fn, cla
             meter.add(loss, out, y, classify)
             step += 1
             steps_done += 1
+            keeper.after_step(step, steps_done)  # checkpoint and replica check when due
             bar.update(steps_done, f"loss {loss.item():.4f}" if bar.enabled else "")
             if rank0 and config.log_every and step % config.log_every == 0:
                 runtime.print0(f"  step {step} - loss: {loss.item():.4f}")
@@ -230,11 +241,6 @@ def _train_epochs(step_model, synced, loader, data, config, epochs, loss_fn, cla
             cb.on_epoch_end(epoch, logs, state)
         if config.steps and step >= config.steps:
             break
-
-
-def _check_finite(loss, step):
-    if not torch.isfinite(loss.detach()).item():
-        raise DDTrainError(f"loss is {loss.item()} at step {step}; lower --lr or check the data")
 
 
 def _gather_stats(synced, distributed) -> list[dict]:

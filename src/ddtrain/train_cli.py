@@ -3,12 +3,15 @@ from __future__ import annotations
 
 import argparse
 import ast
+import time
 
 import torch
 
 from . import launch, runtime
+from .bench import profiler
 from .config import TrainConfig
 from .errors import DDTrainError
+from .guard import PeerStopped
 
 
 def parse_kv(items: list[str], flag: str) -> dict:
@@ -38,7 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--data-arg", action="append", metavar="KEY=VALUE", help="data loader option, e.g. resize=128")
     p.add_argument("--strategy", default=d.strategy, help="synchronisation strategy (see ddtrain.sync.STRATEGIES)")
     p.add_argument("--nproc", type=int, default=1, help="local worker processes to start (ignored under a launcher)")
-    p.add_argument("--epochs", type=int, default=d.epochs, help="passes over the training data")
+    p.add_argument("--epochs", type=int, default=None,
+                   help=f"passes over the training data (default {d.epochs}, or as many as --steps needs)")
     p.add_argument("--steps", type=int, default=d.steps, help="stop after this many steps in all (0: no limit)")
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per step on each rank")
     p.add_argument("--lr", type=float, default=d.lr, help="learning rate")
@@ -66,10 +70,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=["gloo", "nccl"], default=None, help="override the backend choice")
     p.add_argument("--out", default=None, help="write the results record (JSON) here")
     p.add_argument("--save", default=None, help="save the final model (.pt state dict or .safetensors)")
+    p.add_argument("--checkpoint-dir", default=None, help="write checkpoints here (rank 0; see docs/RELIABILITY.md)")
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
+                   help="steps between checkpoints (0: at the end of every epoch)")
+    p.add_argument("--keep", type=int, default=d.keep, help="newest checkpoints to keep")
+    p.add_argument("--resume", action="store_true", help="continue from the newest whole checkpoint in --checkpoint-dir")
+    p.add_argument("--max-restarts", type=int, default=d.max_restarts,
+                   help="restart all workers this often after one fails (they resume from the last checkpoint)")
+    p.add_argument("--on-nonfinite", default=d.on_nonfinite, choices=["stop", "skip"],
+                   help="non-finite loss or gradients: stop naming step and rank, or skip the step on every rank")
+    p.add_argument("--on-mismatch", default=d.on_mismatch, choices=["stop", "rebroadcast"],
+                   help="replicas differ at a --check-every check: stop, or copy rank 0's parameters to all")
+    profiler.add_arguments(p)
 
 
 def config_from_args(args) -> TrainConfig:
-    return TrainConfig(model=args.model, data=args.data, strategy=args.strategy, epochs=args.epochs,
+    d_epochs = TrainConfig().epochs
+    return TrainConfig(model=args.model, data=args.data, strategy=args.strategy, epochs=args.epochs if args.epochs is not None else (0 if args.steps else d_epochs),
                        steps=args.steps, batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
                        weight_decay=args.weight_decay, optimizer=args.optimizer, seed=args.seed,
                        val_fraction=args.val_fraction, sharding=args.sharding,
@@ -78,7 +95,10 @@ def config_from_args(args) -> TrainConfig:
                        model_args=parse_kv(args.model_arg, "--model-arg"),
                        data_args=parse_kv(args.data_arg, "--data-arg"), sync_every=args.sync_every,
                        servers=args.servers, staleness=args.staleness, check_every=args.check_every,
-                       log_every=args.log_every, quiet=args.quiet, out=args.out, save=args.save)
+                       log_every=args.log_every, quiet=args.quiet, out=args.out, save=args.save,
+                       checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every, keep=args.keep,
+                       resume=args.resume, max_restarts=args.max_restarts, on_nonfinite=args.on_nonfinite,
+                       on_mismatch=args.on_mismatch)
 
 
 def load_and_build(config: TrainConfig, *, meta: bool = False):
@@ -105,23 +125,31 @@ def validate(config: TrainConfig, workers: int) -> None:
     from .data.sharding import ShardSampler
     if config.out and not config.out.endswith(".json"):
         raise DDTrainError(f"--out {config.out!r} should name a .json file")
-    data, _ = load_and_build(config, meta=True)
+    data, model = load_and_build(config, meta=True)
     ShardSampler(len(data.train), rank=0, world_size=workers, policy=config.sharding)  # n >= workers
     per_rank = len(data.train) // workers
     if config.batch_size > per_rank:
         raise DDTrainError(f"--batch-size {config.batch_size} is larger than a rank's shard: {len(data.train)} "
                            f"training samples over {workers} worker(s) is {per_rank} each")
+    from . import checkpoint, guard, records
+    for flag, path in (("--out", config.out), ("--save", config.save)):
+        records.check_writable(path, flag)
+    checkpoint.check_dir(config, guard.fingerprint(config, model, data, workers))
 
 
 def main(args) -> int:
     config = config_from_args(args)
-    if args.timeout <= 0:
-        raise DDTrainError(f"--timeout must be positive, got {args.timeout}")
+    if not 0 < args.timeout < float("inf"):
+        raise DDTrainError(f"--timeout must be a positive number of seconds, got {args.timeout}")
     if launch.inside_launcher():
         runtime.init(backend=args.backend, timeout_s=args.timeout)
         data, model = load_and_build(config)
         from .train import fit
-        fit(model, data, config)
+        try:
+            fit(model, data, config, callbacks=profiler.callbacks(args, config))
+        except PeerStopped:  # rank 0 reports it, once; give it a moment to, then stop quietly
+            time.sleep(1.0)
+            return launch.PEER_STOPPED_EXIT
         runtime.shutdown()
         return 0
     if args.nproc < 1:
@@ -131,5 +159,7 @@ def main(args) -> int:
         raise DDTrainError(f"--strategy {config.strategy} with --servers {servers} needs --nproc of at least "
                            f"{servers + 1} (one worker)")
     validate(config, args.nproc - servers)
+    profiler.validate(args)
     argv = ["train", *launch.strip_option(args.argv, "--nproc")]
-    return launch.run_local(args.nproc, argv, env={"DDTRAIN_TIMEOUT_S": str(args.timeout)})
+    return launch.run_local(args.nproc, argv, max_restarts=config.max_restarts,
+                            env={"DDTRAIN_TIMEOUT_S": str(args.timeout)})

@@ -197,8 +197,15 @@ def run_bench(config: BenchConfig, group=None) -> dict:
                              calibration.params if calibration else None))
         _progress(rank, f"# {done}/{len(config.sizes)} sizes done (up to {size} B), "
                         f"{time.perf_counter() - start:.1f} s")
+    recheck = None
+    if calibration is not None:
+        # Other processes' load can change during a long run; a second, shorter calibration
+        # at the end shows how far (the predictions keep using the first).
+        recheck = calibrate(group, max_bytes=calib_max, budget_s=config.calibration_s / 2, device=device,
+                            references=False)
     result = {"config": asdict(config), "world_size": ranks, "host": host, "backend": runtime.backend() or "none",
               "device": str(device), "calibration": calibration.as_dict() if calibration else None,
+              "calibration_end": recheck.as_dict() if recheck else None,
               "rows": rows, "elapsed_s": time.perf_counter() - start}
     result["summary"] = summarize(result)
     return result

@@ -17,7 +17,8 @@ Call ``calibrate()`` on every rank of the group at once; every rank gets the sam
   pattern and of contention, which the plain α-β model does not have terms for.
 - **γ**: every rank times ``a.add_(b)`` at the same time (the cores as shared as during a
   collective) over buffers from 256 KiB up, which do not stay in cache; γ is the slope of
-  the plain least-squares line.
+  the plain least-squares line. ``a.copy_(b)`` is timed the same way, for reference: the
+  memory bandwidth that bounds a loopback transfer, which is copies too.
 """
 from __future__ import annotations
 
@@ -62,6 +63,7 @@ class Calibration:
     ring: Fit | None = None       # reference: every rank sends right and receives from the left
     pingpong: Fit | None = None   # reference: ranks 0 and 1 alone, one direction at a time
     reduce: Fit                   # slope = params.gamma_s_per_byte
+    copy: Fit | None = None       # reference: a local copy (memory bandwidth), timed like the adds
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -70,7 +72,8 @@ class Calibration:
                 "exchange": self.exchange and self.exchange.as_dict(),
                 "ring": self.ring and self.ring.as_dict(),
                 "pingpong": self.pingpong and self.pingpong.as_dict(),
-                "reduce": self.reduce.as_dict(), "elapsed_s": self.elapsed_s, "notes": self.notes}
+                "reduce": self.reduce.as_dict(), "copy": self.copy and self.copy.as_dict(),
+                "elapsed_s": self.elapsed_s, "notes": self.notes}
 
 
 def calibration_sizes(max_bytes: int = DEFAULT_MAX_BYTES, element_size: int = 4) -> list[int]:
@@ -103,8 +106,9 @@ def fit_line(sizes, times, relative: bool = True) -> tuple[float, float, float]:
         (alpha, beta), *_ = np.linalg.lstsq(np.stack([ones, m], axis=1), t, rcond=None)
     if beta <= 0:
         alpha, beta = float(np.median(t)), 0.0
-    elif alpha < 0:  # refit through the origin, relative residuals: all bandwidth
-        alpha, beta = 0.0, float(np.sum(m / t) / np.sum((m / t) ** 2))
+    elif alpha < 0:  # refit through the origin (same weighting): all bandwidth
+        alpha = 0.0
+        beta = float(np.sum(m / t) / np.sum((m / t) ** 2)) if relative else float(np.sum(m * t) / np.sum(m * m))
     predicted = alpha + beta * m
     return float(alpha), float(beta), float(np.max(np.abs(predicted - t) / t))
 
@@ -140,14 +144,18 @@ def calibrate(group=None, *, max_bytes: int = DEFAULT_MAX_BYTES, budget_s: float
     # The reduction term matters for large buffers, which do not fit in cache: time adds from
     # 256 KiB to at least 4 MiB and fit plain least squares, which the large sizes rule.
     reduce_sizes = [m for m in calibration_sizes(max(max_bytes, 4 << 20)) if m >= REDUCE_MIN_BYTES]
-    times = _agree_max([_time_add(m, device, per_size_s) for m in reduce_sizes], group, device)
+    times = _agree_max([_time_local(m, "add", device, per_size_s) for m in reduce_sizes], group, device)
     reduce = _fit(reduce_sizes, times, relative=False)
+    copy = None
+    if references:
+        times = _agree_max([_time_local(m, "copy", device, per_size_s) for m in reduce_sizes], group, device)
+        copy = _fit(reduce_sizes, times, relative=False)
     exchange = fits.get("exchange")
     params = LinkParams(alpha_s=exchange.alpha_s if exchange else 0.0,
                         beta_s_per_byte=exchange.beta_s_per_byte if exchange else 0.0,
                         gamma_s_per_byte=reduce.beta_s_per_byte)
     return Calibration(params=params, world_size=world, exchange=exchange, ring=fits.get("ring"),
-                       pingpong=fits.get("pingpong"), reduce=reduce,
+                       pingpong=fits.get("pingpong"), reduce=reduce, copy=copy,
                        elapsed_s=time.perf_counter() - start, notes=notes)
 
 
@@ -227,10 +235,12 @@ def _time_pingpong(nbytes: int, rank: int, glob, group, device, per_size_s) -> f
     return _timed_chains(step, device, per_size_s, group, distributed=True) / 2
 
 
-def _time_add(nbytes: int, device, per_size_s) -> float:
+def _time_local(nbytes: int, what: str, device, per_size_s) -> float:
+    """Seconds for ``a.add_(b)`` or ``a.copy_(b)`` over float32 buffers of ``nbytes``."""
     a = torch.zeros(nbytes // 4, dtype=torch.float32, device=device)
     b = torch.ones_like(a)
-    return _timed_chains(lambda: a.add_(b), device, per_size_s)
+    step = (lambda: a.add_(b)) if what == "add" else (lambda: a.copy_(b))
+    return _timed_chains(step, device, per_size_s)
 
 
 def _agree_max(values, group, device) -> list[float]:

@@ -7,16 +7,30 @@ strategy returns the model and optimizer unchanged.
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Callable
 
 import torch.distributed as dist
 
 from ..errors import choice_error
+from .allreduce import strategy_for
 from .base import Synced, SyncOptions, SyncStats
 from .ddp import wrap_ddp
+from .hybrid import wrap_hybrid
+from .local_sgd import wrap_local_sgd
+from .param_server import wrap_param_server
 
 STRATEGIES: dict[str, Callable[..., Synced]] = {
     "ddp": wrap_ddp,
+    "ring": strategy_for("ring"),
+    "ring-async": strategy_for("ring-async"),
+    "tree": strategy_for("tree"),
+    "butterfly": strategy_for("butterfly"),
+    "central": strategy_for("central"),
+    "ps-sync": partial(wrap_param_server, asynchronous=False),
+    "ps-async": partial(wrap_param_server, asynchronous=True),
+    "hybrid": wrap_hybrid,
+    "local-sgd": wrap_local_sgd,
 }
 
 

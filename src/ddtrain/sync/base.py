@@ -16,6 +16,7 @@ class SyncOptions:
     staleness: int = 4               # ps-async: most versions a gradient may lag
     bucket_cap_mb: float = 25.0      # DDP gradient bucket size
     check_every: int = 0             # steps between replica-divergence checks (0: at epoch ends only)
+    timeout_s: float | None = None   # ps-*: seconds a rank waits on a peer (None: ddtrain.init()'s timeout)
 
     def __post_init__(self):
         if self.sync_every != "epoch" and (not isinstance(self.sync_every, int) or self.sync_every < 1):
@@ -28,6 +29,8 @@ class SyncOptions:
             raise ValueError(f"bucket_cap_mb must be positive, got {self.bucket_cap_mb}")
         if self.check_every < 0:
             raise ValueError(f"check_every must be >= 0, got {self.check_every}")
+        if self.timeout_s is not None and not self.timeout_s > 0:
+            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
 
 
 @dataclass

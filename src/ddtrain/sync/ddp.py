@@ -5,6 +5,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .base import Synced, SyncOptions, SyncStats
+from .divergence import DivergenceMonitor
 
 
 def ddp_model(model, options: SyncOptions, comm_hook=None, hook_state=None):
@@ -28,11 +29,17 @@ def wrap_ddp(model, optimizer, options: SyncOptions) -> Synced:
     synced = Synced(ddp_model(model, options), optimizer, model,
                     SyncStats(method="formula: ring all-reduce moves 2(R-1)/R of the gradient bytes per step, each way"))
     per_step = int(2 * (world - 1) / world * gradient_bytes(model))
-    steps = [0]
+    messages = 2 * (world - 1)
+    monitor = DivergenceMonitor(model, synced.stats, None, options.check_every)
+    synced.stats.extra["comm_wait_note"] = "not observable: the native all-reduce runs inside DDP"
 
     def after_step(step: int) -> None:
-        steps[0] += 1
-        synced.stats.bytes_sent = synced.stats.bytes_received = per_step * steps[0]
+        monitor.after_step()
+        stats = synced.stats
+        stats.bytes_sent = stats.bytes_received = per_step * monitor.steps
+        # one ring per bucket; the bucket count is DDP's business, so count one ring per step
+        stats.messages_sent = stats.messages_received = messages * monitor.steps
 
     synced.after_step = after_step
+    synced.end_epoch = lambda epoch: monitor.end_epoch(epoch)
     return synced

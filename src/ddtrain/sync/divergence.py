@@ -1,0 +1,105 @@
+"""Replica divergence: the largest parameter difference between any rank and rank 0.
+
+Document 000 claims its periodic broadcast keeps replicas identical; local SGD lets them
+drift apart between averagings. This module measures that, for every strategy, with a
+comparison that is cheap when the replicas agree (the usual case for synchronous methods):
+
+1. every rank hashes its parameters' bits into two int64 numbers (a plain and a
+   position-weighted sum of the bit patterns) and one all-reduce of ``[h, -h]`` with MAX
+   tells every rank whether all hashes are equal: 32 bytes per rank. Equal hashes mean
+   bitwise-identical replicas (up to a hash collision), so the divergence is exactly 0.
+2. only when they differ, rank 0 broadcasts its parameters (one flat buffer per dtype), every
+   rank computes ``max |p - p0|`` and an all-reduce of that scalar with MAX gives the answer.
+
+These collectives are torch.distributed's own and are not counted as the strategy's traffic
+(they are measurement); ``stats.extra`` says how many checks ran and how many needed step 2.
+The record is ``stats.extra["divergence"]``: one ``{"step", "epoch", "divergence",
+"after_sync"}`` per check, where ``after_sync`` says the check ran right after the strategy
+synchronised the parameters (a broadcast or an averaging), and ``divergence_max``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+WEIGHT_PERIOD = 8191   # positions are weighted 1..8191 (a prime), so swapped values change the hash
+
+
+def fingerprint(tensors) -> torch.Tensor:
+    """Two int64 hashes of the bits of ``tensors`` (wrap-around sums), on their device."""
+    device = tensors[0].device if tensors else torch.device("cpu")
+    out = torch.zeros(2, dtype=torch.int64, device=device)
+    for i, t in enumerate(tensors):
+        flat = t.detach().reshape(-1)
+        if flat.is_complex():
+            flat = torch.view_as_real(flat).reshape(-1)
+        bits = flat.view(INT_OF_SIZE[flat.element_size()]).to(torch.int64) if flat.is_floating_point() \
+            else flat.to(torch.int64)
+        weights = torch.arange(bits.numel(), device=device, dtype=torch.int64) % WEIGHT_PERIOD + 1
+        out[0] += bits.sum()
+        out[1] += (bits * weights).sum() * (i + 1)
+    return out
+
+
+def _by_dtype(tensors) -> dict:
+    groups: dict = {}
+    for t in tensors:
+        groups.setdefault(t.dtype, []).append(t.detach().reshape(-1))
+    return {dtype: torch.cat(ts) for dtype, ts in groups.items()}
+
+
+def replica_divergence(tensors, group=None) -> tuple[float, bool]:
+    """(max |x - x_rank0| over all ranks of ``group`` and elements, whether step 2 ran). Collective."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1 or not tensors:
+        return 0.0, False
+    h = fingerprint(tensors)
+    both = torch.cat([h, -h])
+    dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+    if torch.equal(both[:2], -both[2:]):
+        return 0.0, False
+    root = dist.get_global_rank(group, 0) if group is not None else 0
+    worst = torch.zeros((), dtype=torch.float64, device=h.device)
+    for flat in _by_dtype(tensors).values():
+        ref = flat.clone()
+        dist.broadcast(ref, src=root, group=group)
+        worst = torch.maximum(worst, (flat.double() - ref.double()).abs().max())
+    worst = worst.reshape(1)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+    return float(worst.item()), True
+
+
+class DivergenceMonitor:
+    """Checks every ``check_every`` steps (0: never per step) and at every epoch end; see the module doc."""
+
+    def __init__(self, module, stats, group=None, check_every: int = 0):
+        self.module, self.stats, self.group, self.check_every = module, stats, group, check_every
+        self.steps = 0                     # steps completed on this rank
+        self.last_checked = None
+        stats.extra.setdefault("divergence", [])
+        stats.extra.setdefault("divergence_max", 0.0)
+        stats.extra.setdefault("divergence_checks", 0)
+        stats.extra.setdefault("divergence_full_compares", 0)
+
+    def after_step(self, after_sync: bool = False) -> None:
+        self.steps += 1
+        if self.check_every and self.steps % self.check_every == 0:
+            self.check(after_sync=after_sync)
+
+    def end_epoch(self, epoch: int, after_sync: bool = False) -> None:
+        if self.last_checked == self.steps and not after_sync:
+            self.stats.extra["divergence"][-1]["epoch"] = epoch   # already measured at this step
+            return
+        self.check(epoch=epoch, after_sync=after_sync)
+
+    def check(self, *, epoch: int | None = None, after_sync: bool = False) -> float:
+        params = [p for p in self.module.parameters()]
+        value, full = replica_divergence(params, self.group)
+        extra = self.stats.extra
+        extra["divergence"].append({"step": self.steps, "epoch": epoch, "divergence": value,
+                                    "after_sync": after_sync})
+        extra["divergence_max"] = max(extra["divergence_max"], value)
+        extra["divergence_checks"] += 1
+        extra["divergence_full_compares"] += int(full)
+        self.last_checked = self.steps
+        return value

@@ -1,0 +1,60 @@
+"""Every synchronous strategy on R ranks x batch B takes the steps of one process with batch R*B (acceptance 1).
+
+One pool call per world size runs every strategy in turn (tiny MLP, 96 samples, 2 epochs:
+12, 8 or 6 steps), and each result is compared with a single-process run with the global
+batch, to 1e-5 relative. ps-sync runs on R workers + 1 server (so on R+1 ranks); hybrid with
+a broadcast every step (K=1); local-sgd averaging every step (K=1) with plain SGD, and also
+with momentum, which stays equivalent at K=1 because momentum is linear in the gradients.
+"""
+import pytest
+import torch
+
+from ddtrain import TrainConfig, fit
+from multirank import run_ranks
+from test_train_equivalence import N_SAMPLES, _data, _model, assert_same_parameters
+
+BATCH = 8
+DDP_LIKE = ["ddp", "ring", "ring-async", "tree", "butterfly", "central", "hybrid"]
+CASES = {                                   # world size -> [(strategy, workers, momentum)]
+    2: [(s, 2, 0.9) for s in DDP_LIKE] + [("local-sgd", 2, 0.0), ("local-sgd", 2, 0.9)],
+    3: [(s, 3, 0.9) for s in DDP_LIKE] + [("local-sgd", 3, 0.0), ("ps-sync", 2, 0.9)],
+    4: [("ps-sync", 3, 0.9)],
+}
+
+
+def train(strategy: str, batch_size: int, momentum: float, epochs: int = 2):
+    """Parameters after training, steps of the last epoch, and this rank's role."""
+    model, shape = _model("mlp")
+    config = TrainConfig(model="mlp", data="synthetic", strategy=strategy, epochs=epochs, batch_size=batch_size,
+                         lr=0.1, momentum=momentum, seed=3, val_fraction=0.0, quiet=True, check_every=3)
+    record = fit(model, _data(shape), config)
+    params = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    mine = next(c for c in record["comm"] if c["rank"] == (torch.distributed.get_rank()
+                                                          if torch.distributed.is_initialized() else 0))
+    return params, record["epochs"][-1]["steps"] if record["epochs"] else 0, record["role"], \
+        mine.get("divergence_max", 0.0)
+
+
+def train_cases(cases):
+    return [train(strategy, BATCH, momentum) for strategy, _, momentum in cases]
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_every_synchronous_strategy_equals_one_process_with_the_global_batch(world):
+    cases = CASES[world]
+    references = {}
+    for _, workers, momentum in cases:
+        if (workers, momentum) not in references:
+            references[workers, momentum] = train("ddp", BATCH * workers, momentum)
+    per_rank = run_ranks(train_cases, world, cases, timeout_s=300)
+    for i, (strategy, workers, momentum) in enumerate(cases):
+        reference, ref_steps, _, _ = references[workers, momentum]
+        trained = [per_rank[r][i] for r in range(world)]
+        assert [role for _, _, role, _ in trained] == ["worker"] * workers + ["server"] * (world - workers)
+        for rank, (params, steps, role, divergence) in enumerate(trained[:workers]):
+            assert steps == ref_steps == N_SAMPLES // (BATCH * workers), (strategy, rank)
+            try:
+                assert_same_parameters(reference, params)
+            except AssertionError as exc:
+                raise AssertionError(f"{strategy} on {world} ranks, rank {rank}: {exc}") from None
+            assert divergence == 0.0, (strategy, rank, divergence)   # bitwise-identical replicas

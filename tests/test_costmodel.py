@@ -245,3 +245,13 @@ def test_calibration_on_two_ranks_fits_a_positive_latency_and_bandwidth():
     # The fitted line goes through the measurements it came from, roughly (noisy machine).
     big = exchange["times_s"][-1]
     assert params["alpha_s"] + params["beta_s_per_byte"] * (4 << 20) == pytest.approx(big, rel=1.0)
+
+
+def test_fit_line_without_relative_weights_follows_the_large_sizes():
+    # Adds: in-cache small buffers are faster per byte; the slope must be the large buffers'.
+    sizes = [256 << 10, 1 << 20, 4 << 20, 16 << 20]
+    times = [1e-5, 1e-4, 6e-4, 2.6e-3]
+    _, beta, _ = fit_line(sizes, times, relative=False)
+    assert beta == pytest.approx(2.6e-3 / (16 << 20), rel=0.1)
+    alpha, beta, _ = fit_line([8, 16, 32], [1e-4, 1e-4, 1e-4])              # flat: all latency
+    assert alpha == pytest.approx(1e-4) and beta == pytest.approx(0, abs=1e-15)

@@ -167,6 +167,7 @@ def run_bench(config: BenchConfig, group=None) -> dict:
     """Calibrate, then time every (size, algorithm); call on every rank. Same result everywhere."""
     from ..comm import all_reduce
     from ..costmodel import calibrate
+    from ..costmodel.calibration import exchange_time
 
     start = time.perf_counter()
     host = {"cpus": os.cpu_count(), "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
@@ -197,15 +198,16 @@ def run_bench(config: BenchConfig, group=None) -> dict:
                              calibration.params if calibration else None))
         _progress(rank, f"# {done}/{len(config.sizes)} sizes done (up to {size} B), "
                         f"{time.perf_counter() - start:.1f} s")
-    recheck = None
-    if calibration is not None:
-        # Other processes' load can change during a long run; a second, shorter calibration
-        # at the end shows how far (the predictions keep using the first).
-        recheck = calibrate(group, max_bytes=calib_max, budget_s=config.calibration_s / 2, device=device,
-                            references=False)
+    drift = None
+    if calibration is not None and calibration.exchange is not None:
+        # Other processes' load can change during a long run: the calibration's largest
+        # exchange, timed again at the end, shows how far (predictions keep the start's).
+        size = calibration.exchange.sizes[-1]
+        drift = {"size_bytes": size, "start_s": calibration.exchange.times_s[-1],
+                 "end_s": exchange_time(size, group, device=device, budget_s=config.calibration_s / 8)}
     result = {"config": asdict(config), "world_size": ranks, "host": host, "backend": runtime.backend() or "none",
               "device": str(device), "calibration": calibration.as_dict() if calibration else None,
-              "calibration_end": recheck.as_dict() if recheck else None,
+              "calibration_drift": drift,
               "rows": rows, "elapsed_s": time.perf_counter() - start}
     result["summary"] = summarize(result)
     return result

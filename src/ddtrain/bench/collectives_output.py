@@ -66,7 +66,7 @@ def render(result: dict) -> str:
     for name, err in summary["prediction_error_pct"].items():
         lines.append(f"# model |error| at >= 1 MiB, {name}: median {err['median_abs']:.1f}%, "
                      f"max {err['max_abs']:.1f}% over {err['sizes']} sizes")
-    lines += _drift_line(result.get("calibration"), result.get("calibration_end"))
+    lines += _drift_line(result.get("calibration_drift"))
     lines.append(f"# #wrong total: {summary['wrong_total']}   elapsed: {result['elapsed_s']:.1f} s")
     return "\n".join(lines)
 
@@ -93,19 +93,13 @@ def _calibration_lines(calibration: dict | None) -> list[str]:
     return out + [f"#   {note}" for note in calibration.get("notes", [])]
 
 
-def _drift_line(start: dict | None, end: dict | None) -> list[str]:
-    """How far α, β, γ moved between the calibration at the start and the one at the end."""
-    if not start or not end:
+def _drift_line(drift: dict | None) -> list[str]:
+    """The calibration's largest exchange at the start and again at the end of the run."""
+    if not drift or not drift["start_s"]:
         return []
-    a, b = start["params"], end["params"]
-
-    def ratio(key):
-        return f"{b[key] / a[key]:.2f}x" if a[key] > 0 else "n/a"
-
-    return [f"# calibration again at the end ({end['elapsed_s']:.1f} s): alpha {b['alpha_us']:.1f} us, "
-            f"beta {b['beta_s_per_byte'] * 1e9:.3f} ns/B, gamma {b['gamma_s_per_byte'] * 1e9:.3f} ns/B "
-            f"(end / start: alpha {ratio('alpha_s')}, beta {ratio('beta_s_per_byte')}, "
-            f"gamma {ratio('gamma_s_per_byte')}; predictions use the start)"]
+    return [f"# load drift: the {_size_name(drift['size_bytes'])} exchange took {drift['start_s'] * 1e3:.2f} ms "
+            f"at the start, {drift['end_s'] * 1e3:.2f} ms at the end "
+            f"({drift['end_s'] / drift['start_s']:.2f}x; predictions use the start)"]
 
 
 def _gbps(seconds_per_byte: float) -> str:

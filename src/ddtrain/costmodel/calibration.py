@@ -128,10 +128,8 @@ def calibrate(group=None, *, max_bytes: int = DEFAULT_MAX_BYTES, budget_s: float
     fits: dict[str, Fit] = {}
     notes = []
     if world > 1:
-        rank = dist.get_rank(group)
-        glob = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
-        partner = rank ^ 1
-        pair = (glob(partner), glob(partner)) if partner < world else None
+        rank, glob = dist.get_rank(group), _global_rank(group)
+        pair = _pair_peers(group)
         ring = (glob((rank + 1) % world), glob((rank - 1) % world))
         patterns = {"exchange": lambda m: _time_exchange(m, pair, group, device, per_size_s)}
         if references:
@@ -157,6 +155,32 @@ def calibrate(group=None, *, max_bytes: int = DEFAULT_MAX_BYTES, budget_s: float
     return Calibration(params=params, world_size=world, exchange=exchange, ring=fits.get("ring"),
                        pingpong=fits.get("pingpong"), reduce=reduce, copy=copy,
                        elapsed_s=time.perf_counter() - start, notes=notes)
+
+
+def exchange_time(nbytes: int, group=None, *, device: torch.device | str = "cpu", budget_s: float = 0.5) -> float:
+    """Seconds of one pairwise exchange of ``nbytes`` (median, slowest rank); call on all ranks.
+
+    The same measurement as the calibration's; timed again later it shows how much the
+    machine's load moved in between.
+    """
+    device = torch.device(device)
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size(group) == 1:
+        return 0.0
+    seconds = _time_exchange(nbytes, _pair_peers(group), group, device, budget_s)
+    return _agree_max([seconds], group, device)[0]
+
+
+def _global_rank(group):
+    return (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
+
+
+def _pair_peers(group):
+    """(send peer, receive peer) of this rank in the pairwise exchange; None for the odd one out."""
+    partner = dist.get_rank(group) ^ 1
+    if partner >= dist.get_world_size(group):
+        return None
+    peer = _global_rank(group)(partner)
+    return peer, peer
 
 
 def _fit(sizes, times, relative: bool = True) -> Fit:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from .errors import DDTrainError
 
 PARTS = (("data_s", "data wait"), ("compute_s", "forward+backward"), ("comm_wait_s", "communication wait"),
-         ("optimizer_s", "optimizer"))
+         ("optimizer_s", "optimizer"), ("other_s", "other (in-loop checks)"))
 
 
 def _plt():
@@ -99,7 +99,7 @@ def step_split(rows: list[dict], path) -> str:
     fig, ax = plt.subplots(figsize=(max(7, 0.55 * len(bars) + 2), 4.8))
     bottom = [0.0] * len(bars)
     for key, name in PARTS:
-        values = [1e3 * x[key] for _, x in bars]
+        values = [1e3 * (x.get(key) or 0.0) for _, x in bars]
         ax.bar(range(len(bars)), values, bottom=bottom, label=name)
         bottom = [b + v for b, v in zip(bottom, values)]
     ax.plot(range(len(bars)), [1e3 * x["step_time_s"] for _, x in bars], "k_", markersize=14,
@@ -206,7 +206,7 @@ def busbw_vs_size(result: dict, path) -> str:
             f"({result['backend']} on {result['device']})")
 
 
-def measured_vs_model(points: list[tuple[str, float, float]], path, what: str) -> str:
+def measured_vs_model(points: list[tuple[str, float, float]], what: str, path) -> str:
     """Measured against cost-model time, log-log, with the line where they are equal."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6.5, 5))
@@ -221,6 +221,9 @@ def measured_vs_model(points: list[tuple[str, float, float]], path, what: str) -
         ax.set_ylim(lo, hi)
     ax.set_xscale("log")
     ax.set_yscale("log")
+    from matplotlib.ticker import NullFormatter
+    ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels collide on short log ranges
+    ax.yaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("cost-model time (s)")
     ax.set_ylabel("measured time (s)")
     ax.grid(alpha=0.3, which="both")

@@ -47,7 +47,7 @@ def scaling_blocks(path: Path, result: dict, files: Path, calibration: dict | No
     for r in rows:
         if not r["ok"]:
             table.append([r["strategy"], r["workers"], r["ranks"], r["batch_size"], r["loader_workers"], r["amp"],
-                          "FAILED", *[""] * 10])
+                          "FAILED", *[""] * 11])
             continue
         s = r["split_s"]
         worst = max(r["split_sum_pct"], key=lambda v: abs(v - 100)) if r["split_sum_pct"] else None
@@ -55,11 +55,11 @@ def scaling_blocks(path: Path, result: dict, files: Path, calibration: dict | No
                       fmt(r["samples_per_s"], 1), _ms(r["step_time_s"]), fmt(r["epoch_time_s"], 1),
                       r["epoch_time_kind"], fmt(r.get("speedup"), 2),
                       fmt(100 * r["efficiency"] if r.get("efficiency") is not None else None, 0),
-                      _ms(s["data_s"]), _ms(s["compute_s"]), _ms(s["comm_wait_s"]), _ms(s["optimizer_s"]), fmt(worst, 1)])
+                      *[_ms(s.get(k)) for k, _ in plots.PARTS], fmt(worst, 1)])
     blocks.append(("table", ["strategy", "workers", "ranks", "batch (/worker)", "loader workers", "amp",
                              "throughput (samples/s)", "step (ms)", "epoch (s)", "epoch time is", "speed-up (x)",
                              "efficiency (%)", "data wait (ms)", "compute (ms)", "comm wait (ms)", "optimizer (ms)",
-                             "split sum / step (%)"], table))
+                             "other (ms)", "4 parts / step (%)"], table))
     if not ok:
         return blocks + [("p", "No cell ran; see the FAILED lines in scaling.txt and the cells' .log files.")]
     vary = plots.varying(ok)
@@ -68,9 +68,8 @@ def scaling_blocks(path: Path, result: dict, files: Path, calibration: dict | No
         blocks.append(_figure(files, f"{prefix}-speedup", plots.speedup_vs_workers, ok))
     blocks.append(_figure(files, f"{prefix}-step-split", plots.step_split, ok))
     blocks.append(("table", ["cell", "rank", "role", "data wait (ms)", "compute (ms)", "comm wait (ms)",
-                             "optimizer (ms)", "measured step (ms)", "split sum / step (%)"],
-                   [[r["cell"], x["rank"], x["role"], _ms(x.get("data_s")), _ms(x.get("compute_s")),
-                     _ms(x.get("comm_wait_s")), _ms(x.get("optimizer_s")), _ms(x["step_time_s"]),
+                             "optimizer (ms)", "other (ms)", "measured step (ms)", "4 parts / step (%)"],
+                   [[r["cell"], x["rank"], x["role"], *[_ms(x.get(k)) for k, _ in plots.PARTS], _ms(x["step_time_s"]),
                      fmt(x["split_sum_pct"], 1)] for r in ok for x in r["per_rank"]]))
     if "batch_size" in vary:
         blocks.append(_figure(files, f"{prefix}-time-vs-batch", plots.time_vs_batch, ok))
@@ -170,9 +169,9 @@ def records_blocks(records: list[tuple[Path, dict]], root: Path, files: Path) ->
         if r.get("profile"):
             ranks = [x for x in r["profile"]["ranks"] if x["timed_steps"]]
             blocks.append(("table", ["record", "rank", "data wait (ms)", "compute (ms)", "comm wait (ms)",
-                                     "optimizer (ms)", "measured step (ms)"],
-                           [[name, x["rank"], *[_ms(x["split_s"][k]) for k, _ in plots.PARTS],
-                             _ms(x["step_time_s"])] for x in ranks]))
+                                     "optimizer (ms)", "other (ms)", "measured step (ms)"],
+                           [[name, x["rank"], *[_ms({**x["split_s"], "other_s": x.get("other_s")}[k])
+                                                for k, _ in plots.PARTS], _ms(x["step_time_s"])] for x in ranks]))
         if r.get("monitor"):
             blocks.append(_figure(files, f"timeline-{name}", plots.utilisation_timeline, r, str(path.relative_to(root))))
     return blocks

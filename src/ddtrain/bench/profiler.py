@@ -5,9 +5,11 @@ callback to ``fit``; ``ddtrain bench scaling`` turns it on for every cell. It ad
 results record (rank 0 rewrites ``--out`` at the end, atomically):
 
 * ``profile``: per rank, the mean seconds per timed step (steps after ``--warmup-steps``) of
-  ``data_s`` (waiting for the batch, plus the loop's bookkeeping), ``compute_s``
-  (forward+backward), ``comm_wait_s`` (blocked on communication) and ``optimizer_s``, next to
-  the step time measured independently from wall-clock readings at every step end;
+  ``data_s`` (waiting for the batch, plus the loop's per-step bookkeeping), ``compute_s``
+  (forward+backward), ``comm_wait_s`` (blocked on communication), ``optimizer_s``, and
+  ``other_s`` (in-loop work after the last step of an epoch: replica checks, checkpoints), next
+  to the wall-clock step time they tile (``step_time_s``); ``split_sum_pct`` is the share of
+  the step the four named parts explain;
 * ``monitor`` (``--monitor-system``): ``ddtrain.monitor`` samples of every rank on one time axis;
 * ``--trace FILE``: the Chrome trace of ``ddtrain.bench.timeline``, and a straggler line.
 
@@ -89,7 +91,14 @@ def covered(disjoint: list[tuple[float, float]], starts: list[float], lo: float,
 
 
 def split_steps(steps: list[dict], blocking: list[tuple[float, float]]) -> list[dict]:
-    """Each step's data / compute / communication wait / optimizer seconds (they add up to the step)."""
+    """Each step's data / compute / communication wait / optimizer / other seconds; they add up to ``step_s``.
+
+    A step runs from the start of its data span to the start of the next step's, or, for the
+    last step of an epoch, to the loop's end-of-step callback (``wall_end_s``): ``other_s`` is
+    that tail (the loop's in-step work after the optimizer: end-of-epoch replica checks,
+    checkpoints). Inside an epoch the next data span starts where this step's optimizer ended,
+    so the per-step bookkeeping is part of the next step's ``data_s``.
+    """
     disjoint = union(blocking)
     starts = [a for a, _ in disjoint]
     out = []
@@ -100,11 +109,12 @@ def split_steps(steps: list[dict], blocking: list[tuple[float, float]]) -> list[
         exposed = s["compute_end_s"] - grad
         in_backward = covered(disjoint, starts, s["data_end_s"], grad)
         in_optimizer = covered(disjoint, starts, s["compute_end_s"], s["end_s"])
+        wall_end = s.get("wall_end_s") or s["end_s"]
         out.append({"step": s["step"], "data_s": s["data_end_s"] - s["begin_s"],
                     "compute_s": grad - s["data_end_s"] - in_backward,
                     "comm_wait_s": exposed + in_backward + in_optimizer,
                     "optimizer_s": s["end_s"] - s["compute_end_s"] - in_optimizer,
-                    "step_s": s["end_s"] - s["begin_s"]})
+                    "other_s": wall_end - s["end_s"], "step_s": wall_end - s["begin_s"]})
     return out
 
 
@@ -119,7 +129,6 @@ class Profiler(Callback):
         self._buckets: list[dict] = []
         self._grad_done_s = None
         self._step_ends: list[tuple[int, float, float | None]] = []   # (step, wall end, grad done)
-        self._epoch_begins: dict[int, float] = {}
         self._step = 0
 
     # -- recording (cheap: a clock read and an append) --------------------------------
@@ -142,9 +151,6 @@ class Profiler(Callback):
             from ..monitor import Monitor
             self.monitor = Monitor(self.interval_s, device=runtime.device(),
                                    strategy_stats=lambda: self.synced.stats).start()
-
-    def on_epoch_begin(self, epoch, state):
-        self._epoch_begins[len(self._step_ends)] = time.perf_counter()
 
     def on_step_begin(self, step, state):
         self._grad_done_s, self._step = None, step
@@ -194,20 +200,14 @@ class Profiler(Callback):
                     s["compute_end_s"] = e["end_s"]
                 else:
                     s["end_s"] = e["end_s"]
-        grads = {step: grad for step, _, grad in self._step_ends}
+        ends = {step: (wall, grad) for step, wall, grad in self._step_ends}
         steps = [s for _, s in sorted(by_step.items()) if len(s) == 5]
-        for s in steps:
-            s["grad_done_s"] = grads.get(s["step"])
+        for i, s in enumerate(steps):
+            wall, s["grad_done_s"] = ends.get(s["step"], (None, None))
+            following = steps[i + 1]["begin_s"] if i + 1 < len(steps) else None
+            # the next step starts where this one's optimizer ended, unless an epoch ended in between
+            s["wall_end_s"] = following if following == s["end_s"] else (wall or s["end_s"])
         return steps
-
-    def _measured_step_s(self, first: int) -> float | None:
-        """Mean wall time per step from step ``first`` on, from the step-end clock readings."""
-        total, n = 0.0, 0
-        for i in range(first, len(self._step_ends)):
-            previous = self._epoch_begins.get(i, self._step_ends[i - 1][1] if i else None)
-            if previous is not None:
-                total, n = total + self._step_ends[i][1] - previous, n + 1
-        return total / n if n else None
 
     def summary(self) -> dict:
         """This rank's part of the profile (and its raw material for the trace)."""
@@ -216,13 +216,14 @@ class Profiler(Callback):
         split = split_steps(steps, blocking)
         warm = min(self.warmup_steps, max(len(split) - 1, 0))
         timed = split[warm:]
-        mean = {k: (sum(s[k] for s in timed) / len(timed) if timed else None) for k in (*PARTS, "step_s")}
-        measured = self._measured_step_s(warm)
+        mean = {k: (sum(s[k] for s in timed) / len(timed) if timed else None) for k in (*PARTS, "other_s", "step_s")}
+        parts = sum(mean[k] for k in PARTS) if timed else None
         mine = {"rank": runtime.rank(), "role": self.synced.role, "timed_steps": len(timed), "warmup_steps": warm,
-                "split_s": {k: mean[k] for k in PARTS}, "split_sum_s": mean["step_s"], "step_time_s": measured,
-                "split_sum_pct": 100 * mean["step_s"] / measured if measured and mean["step_s"] else None,
+                "split_s": {k: mean[k] for k in PARTS}, "other_s": mean["other_s"], "split_sum_s": parts,
+                "step_time_s": mean["step_s"],
+                "split_sum_pct": 100 * parts / mean["step_s"] if timed and mean["step_s"] else None,
                 "busy_per_step_s": [s["data_s"] + s["compute_s"] + s["optimizer_s"] for s in timed],
-                "window_s": [steps[warm]["begin_s"], steps[-1]["end_s"]] if steps else None}
+                "window_s": [steps[warm]["begin_s"], steps[-1]["wall_end_s"]] if steps else None}
         if self.trace_path:
             mine["trace"] = {"steps": steps, "comm": [s[:6] for s in self._spans], "buckets": self._buckets}
         return mine

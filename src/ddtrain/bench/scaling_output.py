@@ -95,13 +95,14 @@ def cell_row(config, cell, run: dict, record_path: Path, root: Path) -> dict:
     else:
         epoch_s, kind = step * per_epoch, "extrapolated"
     per_rank = [{"rank": r["rank"], "role": r["role"], **(r["split_s"] if r["timed_steps"] else {}),
-                 "step_time_s": r["step_time_s"], "split_sum_pct": r["split_sum_pct"]} for r in profile["ranks"]]
+                 "other_s": r.get("other_s"), "step_time_s": r["step_time_s"], "split_sum_pct": r["split_sum_pct"]}
+                for r in profile["ranks"]]
     workers = [r for r in per_rank if r["role"] == "worker" and r.get("data_s") is not None]
     last = record["epochs"][-1] if record["epochs"] else {}
     row.update(ok=True, step_time_s=step, samples_per_s=profile["samples_per_s"], steps_per_epoch=per_epoch,
                epoch_time_s=epoch_s, epoch_time_kind=kind, timed_steps=min(r["timed_steps"] for r in profile["ranks"]
                                                                            if r["role"] == "worker"),
-               split_s={k: statistics.fmean(r[k] for r in workers) for k in PARTS}, per_rank=per_rank,
+               split_s={k: statistics.fmean(r[k] for r in workers) for k in (*PARTS, "other_s")}, per_rank=per_rank,
                split_sum_pct=[r["split_sum_pct"] for r in workers],
                straggler=profile.get("straggler", {}).get("text"), gradient_bytes=profile.get("gradient_bytes"), train_loss=last.get("train_loss"),
                comm=record.get("comm"), network=network_check(record),
@@ -127,10 +128,10 @@ def finish_rows(rows: list[dict]) -> None:
 COLUMNS = [("strategy", ""), ("workers", ""), ("ranks", ""), ("batch", "(/worker)"), ("loader", ""),
            ("amp", ""), ("samples/s", "(1/s)"), ("step", "(ms)"), ("epoch", "(s)"), ("", ""),
            ("speed-up", "(x)"), ("effic.", "(%)"), ("data", "(ms)"), ("compute", "(ms)"), ("comm", "(ms)"),
-           ("optim", "(ms)"), ("sum", "(%)")]
+           ("optim", "(ms)"), ("other", "(ms)"), ("sum", "(%)")]
 RANK_COLUMNS = [("cell", ""), ("rank", ""), ("role", ""), ("data", "(ms)"), ("compute", "(ms)"),
-                ("comm wait", "(ms)"), ("optimizer", "(ms)"), ("split sum", "(ms)"), ("step", "(ms)"),
-                ("sum/step", "(%)")]
+                ("comm wait", "(ms)"), ("optimizer", "(ms)"), ("other", "(ms)"), ("4 parts", "(ms)"), ("step", "(ms)"),
+                ("4 parts/step", "(%)")]
 
 
 def _ms(value) -> str:
@@ -146,7 +147,8 @@ def render(result: dict) -> str:
              "# step: mean wall time of a timed step (slowest worker); samples/s = workers x batch / step;",
              "# epoch: x = extrapolated (step x steps per epoch), m = measured; speed-up: samples/s over the",
              "# smallest-worker cell of the same strategy/batch/loader/amp; efficiency = speed-up / worker ratio;",
-             "# data/compute/comm/optim: mean over workers of the step split; sum: split sum / measured step", "#"]
+             "# data/compute/comm/optim/other: mean over workers of the step split (other: in-loop checks after an",
+             "# epoch's last step); sum: (data + compute + comm + optim) / step, the worst worker", "#"]
     body = []
     for r in rows:
         if not r["ok"]:
@@ -159,17 +161,18 @@ def render(result: dict) -> str:
                      r["amp"], fmt(r["samples_per_s"], 1), _ms(r["step_time_s"]), fmt(r["epoch_time_s"], 1),
                      "m" if r["epoch_time_kind"].startswith("measured") else "x", fmt(r.get("speedup"), 2),
                      fmt(100 * r["efficiency"] if r.get("efficiency") is not None else None, 0),
-                     *[_ms(s[k]) for k in PARTS], fmt(worst, 1)])
+                     *[_ms(s[k]) for k in (*PARTS, "other_s")], fmt(worst, 1)])
     lines += render_table(COLUMNS, body)
     lines += ["#", "# per rank (mean per timed step):"]
     rank_body = []
     for r in rows:
         for x in r.get("per_rank", []) if r["ok"] else []:
             if x.get("data_s") is None:
-                rank_body.append([r["cell"], str(x["rank"]), x["role"], *["-"] * 7])
+                rank_body.append([r["cell"], str(x["rank"]), x["role"], *["-"] * 8])
                 continue
             total = sum(x[k] for k in PARTS)
-            rank_body.append([r["cell"], str(x["rank"]), x["role"], *[_ms(x[k]) for k in PARTS], _ms(total),
+            rank_body.append([r["cell"], str(x["rank"]), x["role"], *[_ms(x[k]) for k in PARTS], _ms(x["other_s"]),
+                              _ms(total),
                               _ms(x["step_time_s"]), fmt(x["split_sum_pct"], 1)])
     lines += render_table(RANK_COLUMNS, rank_body)
     net = [(r, g) for r in rows if r["ok"] for g in r.get("network", [])]

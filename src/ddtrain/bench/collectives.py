@@ -221,7 +221,8 @@ def _row(size, count, type_name, algorithm, timing: Timing, ranks, params: LinkP
     return {"size_bytes": size, "count": count, "type": type_name, "algorithm": algorithm,
             "time_us": seconds * 1e6, "algbw_GBps": algbw, "busbw_GBps": algbw * bus_bandwidth_factor(ranks),
             "predicted_us": predicted * 1e6 if predicted is not None else None, "error_pct": error,
-            "wrong": timing.wrong, "iters": timing.iters, "cpu_cores": timing.cpu_cores}
+            "wrong": timing.wrong, "iters": timing.iters, "cpu_cores": timing.cpu_cores,
+            "samples_us": [t * 1e6 for t in timing.samples_s]}
 
 
 def _pattern(rank, count, dtype, ranks, op, device):
@@ -257,6 +258,7 @@ class Timing:
     iters: int            # timed calls
     wrong: int            # elements differing from the reference, summed over ranks
     cpu_cores: float      # median over calls of (CPU seconds of all ranks) / (call time)
+    samples_s: list       # every timed call's time (slowest rank), in order
 
 
 def _time_calls(call, inputs, expected, config: BenchConfig, group, device) -> Timing:
@@ -284,7 +286,7 @@ def _time_calls(call, inputs, expected, config: BenchConfig, group, device) -> T
     cpus = _reduce([c for _, c in timed], group, device, "sum")    # per call, all ranks together
     wrong = _reduce([float((work != expected).sum())], group, device, "sum")[0]
     return Timing(seconds=statistics.median(walls), iters=iters, wrong=int(wrong),
-                  cpu_cores=statistics.median(c / w for c, w in zip(cpus, walls) if w > 0))
+                  cpu_cores=statistics.median(c / w for c, w in zip(cpus, walls) if w > 0), samples_s=walls)
 
 
 def _reduce(values, group, device, op: str) -> list[float]:

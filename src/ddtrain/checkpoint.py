@@ -154,9 +154,9 @@ def check_dir(config, fingerprint: dict) -> None:
     directory = config.checkpoint_dir
     if not directory:
         return
-    records.check_writable(Path(directory) / "ckpt", "--checkpoint-dir")
     if Path(directory).exists() and not Path(directory).is_dir():
         raise DDTrainError(f"--checkpoint-dir {directory!r} is a file, not a directory")
+    records.check_writable(Path(directory) / "ckpt", "--checkpoint-dir")
     found = listing(directory)
     if not config.resume:
         if found:

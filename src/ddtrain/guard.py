@@ -153,7 +153,8 @@ def describe_mismatch(step: int, diffs: dict, group=None) -> str:
         more = f" and {len(names) - 1} more" if len(names) > 1 else ""
         parts.append(f"rank {glob} ('{names[0]}'{more})")
     root = dist.get_global_rank(group, 0) if group is not None else 0
-    return f"replicas differ at step {step}: " + ", ".join(parts) + f" differ from rank {root}"
+    verb = "differs" if len(parts) == 1 else "differ"
+    return f"replicas differ after {step} steps: " + ", ".join(parts) + f" {verb} from rank {root}"
 
 
 # ---- non-finite values -----------------------------------------------------------------------
@@ -166,12 +167,20 @@ def grads_finite(module) -> bool:
     return bool(torch.isfinite(torch.stack(norms)).all().item())
 
 
-def agree_on_bad(bad: bool, device, group=None) -> list[int]:
-    """Collective: the global ranks of ``group`` whose ``bad`` flag is set (same list everywhere)."""
+def agree_on_bad(loss_bad: bool, grads_bad: bool, device, group=None) -> tuple[list[int], str]:
+    """Collective: (global ranks to blame, "loss" or "gradients"), the same on every rank; ([], "") if none.
+
+    Gradients that went through an all-reduce are non-finite everywhere once they are on one
+    rank, so the ranks whose loss was non-finite are named first.
+    """
     if not (dist.is_initialized() and dist.get_world_size(group) > 1):
-        return [dist.get_rank() if dist.is_initialized() else 0] if bad else []
-    flags = torch.zeros(dist.get_world_size(group), dtype=torch.int32, device=device)
-    flags[dist.get_rank(group)] = int(bad)
+        me = dist.get_rank() if dist.is_initialized() else 0
+        return ([me], "loss") if loss_bad else ([me], "gradients") if grads_bad else ([], "")
+    flags = torch.zeros(2, dist.get_world_size(group), dtype=torch.int32, device=device)
+    flags[0, dist.get_rank(group)], flags[1, dist.get_rank(group)] = int(loss_bad), int(grads_bad)
     dist.all_reduce(flags, group=group)
-    ranks = [r for r, f in enumerate(flags.tolist()) if f]
-    return [dist.get_global_rank(group, r) if group is not None else r for r in ranks]
+    for row, cause in ((0, "loss"), (1, "gradients")):
+        ranks = [r for r, f in enumerate(flags[row].tolist()) if f]
+        if ranks:
+            return [dist.get_global_rank(group, r) if group is not None else r for r in ranks], cause
+    return [], ""

@@ -37,6 +37,9 @@ class Keeper:
         self._skip, self._resume_part = 0, None
         self._meter, self._epoch_now, self._in_epoch, self._steps_per_epoch = None, 1, 0, None
         self._rng_epoch, self._loss_bad, self._epoch_t0 = None, False, time.perf_counter()
+        inside = config.strategy in guard.REPLICATED or config.strategy == "hybrid"  # DDP and its hooks
+        self._forward_backward = "forward+backward" + (" (the gradient all-reduce runs inside backward)"
+                                                       if inside else "")
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
         self.info = record.setdefault("reliability", {
             "attempt": attempt, "resumed_from": None, "checkpoints_written": 0, "nonfinite_skipped": [],
@@ -107,7 +110,7 @@ class Keeper:
         stall.mark(self.step, f"end of epoch {self._epoch_now} (metrics and validation)")
 
     def begin_step(self, step: int) -> None:
-        stall.mark(step, "forward+backward (the gradient all-reduce runs inside backward)")
+        stall.mark(step, self._forward_backward)
         faults.maybe_inject(step, runtime.rank(), self.module)
 
     def _checking(self, step: int) -> bool:
@@ -126,20 +129,21 @@ class Keeper:
         stall.mark(step, "optimizer step")
         if not self._checking(step):
             return True
-        bad = self._loss_bad or (self.scaler is None and not guard.grads_finite(self.module))
+        grads_bad = self.scaler is None and not guard.grads_finite(self.module)
         if self.config.on_nonfinite == "stop":
-            if bad:
+            if grads_bad:
                 raise DDTrainError(f"non-finite gradients on rank {runtime.rank()} at step {step} (the loss was "
                                    "finite here; after an all-reduce every rank sees them); lower --lr or pass "
                                    "--on-nonfinite skip")
             return True
         stall.mark(step, "non-finite agreement (all-reduce of one flag per rank)")
-        ranks = guard.agree_on_bad(bad, self.device, self.group)
+        ranks, cause = guard.agree_on_bad(self._loss_bad, grads_bad, self.device, self.group)
+        stall.mark(step, "optimizer step")
         if not ranks:
             return True
-        self.info["nonfinite_skipped"].append({"step": step, "ranks": ranks})
+        self.info["nonfinite_skipped"].append({"step": step, "ranks": ranks, "cause": cause})
         if runtime.rank() == 0:
-            _warn(f"non-finite loss or gradients at step {step} on rank(s) {', '.join(map(str, ranks))}; "
+            _warn(f"non-finite {cause} at step {step} on rank {', '.join(map(str, ranks))}; "
                   f"step skipped on every rank ({len(self.info['nonfinite_skipped'])} so far)")
         return False
 
@@ -179,6 +183,9 @@ class Keeper:
         hook = getattr(self.synced, "replicas_identical", None)
         if callable(hook):
             return bool(hook(step))
+        every = self.config.sync_every  # hybrid: identical right after its broadcast of rank 0's state
+        if self.config.strategy == "hybrid" and every != "epoch":
+            return step % every == 0
         return self.config.strategy in guard.REPLICATED
 
     def check_replicas(self, step: int) -> None:

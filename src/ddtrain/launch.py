@@ -93,7 +93,8 @@ def _priority(exitcode: int) -> int:
 
 def cause(failures: dict):
     """(rank, failure) that most likely started a failed job (torchrun's timestamps are whole seconds)."""
-    rank = min(failures, key=lambda r: (_priority(failures[r].exitcode), failures[r].timestamp, r))
+    order = {r: i for i, r in enumerate(failures)}  # torchrun lists them in the order it saw them fail
+    rank = min(failures, key=lambda r: (_priority(failures[r].exitcode), failures[r].timestamp, order[r]))
     return rank, failures[rank]
 
 

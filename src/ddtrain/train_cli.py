@@ -109,7 +109,10 @@ def load_and_build(config: TrainConfig, *, meta: bool = False):
     if config.strategy not in STRATEGIES:
         from .errors import choice_error
         raise choice_error("strategy", config.strategy, STRATEGIES)
-    data = load_dataset(config.data, val_fraction=config.val_fraction, seed=config.seed, **config.data_args)
+    try:
+        data = load_dataset(config.data, val_fraction=config.val_fraction, seed=config.seed, **config.data_args)
+    except TypeError as exc:  # a --data-arg the loader does not take
+        raise DDTrainError(f"--data {config.data}: {exc}") from None
     c, *hw = data.sample_shape
     kwargs = dict(num_classes=data.num_classes or 1, in_channels=c, input_size=tuple(hw) or (1, 1),
                   **config.model_args)
@@ -158,6 +161,9 @@ def main(args) -> int:
     if servers and args.nproc - servers < 1:
         raise DDTrainError(f"--strategy {config.strategy} with --servers {servers} needs --nproc of at least "
                            f"{servers + 1} (one worker)")
+    if args.backend == "nccl" and torch.cuda.device_count() < args.nproc:
+        raise DDTrainError(f"--backend nccl needs a GPU per worker: {args.nproc} workers, "
+                           f"{torch.cuda.device_count()} GPU(s) visible")
     validate(config, args.nproc - servers)
     profiler.validate(args)
     argv = ["train", *launch.strip_option(args.argv, "--nproc")]

@@ -1,7 +1,6 @@
 """Consistency guards on 2 Gloo ranks: configurations that differ are refused at start-up naming the
 rank and the field; replicas that drift apart are caught by the parameter checksum and either
 stop the run or are repaired from rank 0; non-finite steps are skipped on every rank alike."""
-import pytest
 import torch
 
 from multirank import run_ranks

@@ -85,9 +85,9 @@ class TrainConfig:
             raise DDTrainError(f"--weight-decay must be >= 0, got {self.weight_decay}")
         if not isinstance(self.seed, int) or self.seed < 0:
             raise DDTrainError(f"--seed must be a non-negative integer, got {self.seed!r}")
-        for name in ("checkpoint_every", "max_restarts"):
-            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
-                raise DDTrainError(f"--{name.replace('_', '-')} must be a non-negative integer, got {getattr(self, name)!r}")
+        for name, value in (("checkpoint-every", self.checkpoint_every), ("max-restarts", self.max_restarts)):
+            if not isinstance(value, int) or value < 0:
+                raise DDTrainError(f"--{name} must be a non-negative integer, got {value!r}")
         if not isinstance(self.keep, int) or self.keep < 1:
             raise DDTrainError(f"--keep must be a positive integer, got {self.keep!r}")
         for name, value in (("on-nonfinite", self.on_nonfinite), ("on-mismatch", self.on_mismatch)):

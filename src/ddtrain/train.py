@@ -144,11 +144,13 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     keeper.resume()  # --resume, or a restart by torchrun: continue from the newest whole checkpoint
     for cb in callbacks:
         cb.on_train_begin(state)
-    if synced.role == "server":
-        synced.serve()
-    else:
-        with stall.watched(what=f"strategy {config.strategy}, backend {runtime.backend()}",
-                           timeout_s=runtime.timeout_s(), group=synced.group):
+    # a wait that times out names the step, the operation and the ranks that are elsewhere
+    what = f"strategy {config.strategy}, backend {runtime.backend()}"
+    with stall.watched(what=what, timeout_s=runtime.timeout_s()):
+        if synced.role == "server":
+            stall.mark(None, "serving as a parameter server")
+            synced.serve()
+        else:
             _train_epochs(step_model, synced, loader, data, config, epochs, loss_fn, classify, scaler,
                           device, distributed, callbacks, state, record)
     synced.finish()

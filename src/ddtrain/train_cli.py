@@ -74,7 +74,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every,
                    help="steps between checkpoints (0: at the end of every epoch)")
     p.add_argument("--keep", type=int, default=d.keep, help="newest checkpoints to keep")
-    p.add_argument("--resume", action="store_true", help="continue from the newest whole checkpoint in --checkpoint-dir")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest whole checkpoint in --checkpoint-dir")
     p.add_argument("--max-restarts", type=int, default=d.max_restarts,
                    help="restart all workers this often after one fails (they resume from the last checkpoint)")
     p.add_argument("--on-nonfinite", default=d.on_nonfinite, choices=["stop", "skip"],

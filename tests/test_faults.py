@@ -192,3 +192,24 @@ def test_nccl_without_gpus_is_refused_before_any_worker_starts(monkeypatch, caps
     monkeypatch.setattr(launch, "run_local", lambda *a, **k: pytest.fail("workers were started"))
     assert cli.main(["train", "--model", "mlp", "--nproc", "2", "--backend", "nccl"]) == 2
     assert "--backend nccl needs a GPU per worker: 2 workers, " in capsys.readouterr().err
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+def test_on_nccl_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_path):
+    # the CUDA paths: GPU RNG states, NCCL object collectives for the gather and the scatter
+    common = ["--model", "mlp", "--data", "digits", "--nproc", "2", "--epochs", "2", "--batch-size", "32",
+              "--lr", "0.05", "--momentum", "0.9", "--seed", "1", "--backend", "nccl", "--quiet",
+              "--model-arg", "dropout=0.2"]
+    plain = subprocess.run([sys.executable, "-m", "ddtrain", "train", *common, "--save", str(tmp_path / "plain.pt")],
+                           capture_output=True, text=True, timeout=300, env=ddtrain_env())
+    assert plain.returncode == 0, plain.stderr
+    killed = subprocess.run([sys.executable, "-m", "ddtrain", "train", *common, "--save", str(tmp_path / "killed.pt"),
+                             "--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "8",
+                             "--max-restarts", "1"], capture_output=True, text=True, timeout=300,
+                            env=ddtrain_env(DDTRAIN_FAULT="rank=1,step=30,kind=kill"))
+    assert killed.returncode == 0, killed.stderr
+    assert "restart 1: resumed from" in killed.stdout and "at step 24 (epoch 2, 1 of its steps done)" in killed.stdout
+    a = torch.load(tmp_path / "plain.pt", weights_only=True)
+    b = torch.load(tmp_path / "killed.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -64,7 +64,11 @@ class Heartbeat:
 
     def start(self) -> "Heartbeat":
         if self.store is not None and self._thread is None:
-            self._publish()
+            try:
+                self._publish()
+            except Exception:  # no usable store: run without heartbeats rather than fail the job
+                self.store = None
+                return self
             self._thread = threading.Thread(target=self._run, name="ddtrain-heartbeat", daemon=True)
             self._thread.start()
         return self

@@ -39,8 +39,10 @@ def estimate_offsets(rounds: int = 8, group=None) -> dict:
         return {"offsets_s": [0.0], "rtt_s": [0.0]}
     world, me = dist.get_world_size(group), dist.get_rank(group)
     ranks = dist.get_process_group_ranks(group) if group is not None else list(range(world))
-    table = torch.zeros(2, world, dtype=torch.float64)
-    buf = torch.zeros(1, dtype=torch.float64)
+    # NCCL moves only CUDA tensors; Gloo takes CPU ones.
+    on = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend(group) == "nccl" else "cpu"
+    table = torch.zeros(2, world, dtype=torch.float64, device=on)
+    buf = torch.zeros(1, dtype=torch.float64, device=on)
     if me == 0:
         for r in range(1, world):
             best = None

@@ -17,10 +17,16 @@ if [ "$part" = a ]; then
   CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu_single.py --cases "resnet50 fp32,resnet50 bf16 cl,resnet18 bf16 cl,unet 97ch 192 bf16" \
       --strategies "${STRATEGIES:-ddp,ring}" --repeats 2 --out "$out/gpu_single_eager.json" 2>&1 | tail -14
 else
+  unet_scaling() {  # document 000 Table 7.3's shape: U-Net training time against batch size per setup
+    timeout 240 python3 -m ddtrain bench scaling --model unet --data synthetic:hcp --data-arg samples=600 \
+        --strategies ddp --workers "$workers" --batch-sizes 10,30,60 --amp bf16 --channels-last --steps 20 \
+        --warmup-steps 5 --no-monitor --out "$out/scaling_unet" > "$out/scaling_unet.txt" 2>&1; tail -22 "$out/scaling_unet.txt"
+  }
   timeout 300 python3 -m ddtrain bench scaling --model resnet50 --data synthetic:imagenet --data-arg samples=512 \
       --data-arg lazy=false --strategies ddp,ring,hybrid,local-sgd --workers "$workers" --batch-sizes 256 \
       --amp bf16 --channels-last --steps 30 --warmup-steps 10 --sync-every 10 --no-monitor \
       --out "$out/scaling_resnet50" > "$out/scaling_resnet50.txt" 2>&1; tail -30 "$out/scaling_resnet50.txt"
+  [ "${SCALING_ONLY:-0}" = 1 ] && { unet_scaling; exit 0; }
   CUDA_VISIBLE_DEVICES=0 python3 benchmarks/gpu_single.py --cases "resnet50 bf16 cl,resnet18 bf16 cl,unet 97ch 192 bf16" \
       --strategies ddp,ring --repeats 2 --out "$out/gpu_single_eager.json" 2>&1 | tail -9
   CUDA_VISIBLE_DEVICES=0 timeout 240 python3 benchmarks/gpu_single.py --cases "resnet50 bf16 cl compile" \

@@ -25,6 +25,7 @@ from ddtrain.comm import ring_async
 from ddtrain.errors import DDTrainError
 
 POOL = 8
+TIMEOUT_S = 600   # the first call starts 8 processes: minutes on a busy 2-core machine
 ALGORITHMS = list(comm.ALGORITHMS)
 DTYPES = ["float32", "float64", "float16", "bfloat16", "int64", "int32", "int16", "int8", "uint8", "bool",
           "complex64"]
@@ -87,10 +88,15 @@ def _findings(world: int, cases: list) -> dict | None:
     group, member = subgroup(world)
     if not member:
         return None
+    return check_cases(group, world, cases)
+
+
+def check_cases(group, world: int, cases: list, device: str = "cpu") -> dict:
+    """Every algorithm on every case against torch on ``group``: {"problems": [...], "digests": [...]}."""
     me = dist.get_rank(group) if group is not None else dist.get_rank()
     problems, digests = [], []
     for index, (dtype_name, length, op, layout, seed) in enumerate(cases):
-        x = make_input(dtype_name, length, op, layout, seed, me)
+        x = make_input(dtype_name, length, op, layout, seed, me).to(device)
         try:
             comm.ops.check_op(op, x.dtype)
         except DDTrainError:
@@ -137,7 +143,7 @@ def _findings(world: int, cases: list) -> dict | None:
 
 def digest(t: torch.Tensor) -> str:
     """A hash of the tensor's bits (copied out first: a strided view's bytes are not its values)."""
-    packed = torch.empty(t.numel(), dtype=t.dtype)
+    packed = torch.empty(t.numel(), dtype=t.dtype)   # on the CPU, whatever the tensor's device
     packed.copy_(t.reshape(-1))
     return hashlib.sha1(packed.view(torch.uint8).numpy().tobytes()).hexdigest()
 
@@ -186,13 +192,35 @@ def coverage_cases(world: int) -> list:
 @given(drawn=st.lists(case_strategy(), min_size=4, max_size=8))
 def test_every_algorithm_matches_torch_and_is_bitwise_identical_across_ranks(world, drawn):
     cases = coverage_cases(world) + drawn
-    results = [r for r in run_ranks(_findings, POOL, world, cases) if r is not None]
+    results = [r for r in run_ranks(_findings, POOL, world, cases, timeout_s=TIMEOUT_S) if r is not None]
     assert len(results) == world
     problems = sorted({p for r in results for p in r["problems"]})
     assert not problems, "\n".join(problems[:20])
     for index in range(len(cases)):
         per_rank = [r["digests"][index] for r in results]
         assert all(d == per_rank[0] for d in per_rank), f"case {cases[index]}: ranks disagree bitwise"
+
+
+def _findings_on_the_gpu_code_path(world: int, cases: list) -> dict | None:
+    from ddtrain.comm import p2p
+    p2p.GPU_PATH_ON_CPU = True
+    try:
+        return _findings(world, cases)
+    finally:
+        p2p.GPU_PATH_ON_CPU = False
+
+
+@pytest.mark.parametrize("world", [2, 3, 5])
+def test_the_cuda_code_path_runs_on_gloo_too(world):
+    """CI has no GPU: run the batched, stream-ordered path that CUDA tensors take, on CPU tensors."""
+    cases = coverage_cases(world + 3)
+    results = [r for r in run_ranks(_findings_on_the_gpu_code_path, POOL, world, cases, timeout_s=TIMEOUT_S)
+               if r is not None]
+    problems = sorted({p for r in results for p in r["problems"]})
+    assert not problems, "\n".join(problems[:20])
+    for index in range(len(cases)):
+        assert len({r["digests"][index] if isinstance(r["digests"][index], str) else
+                    tuple(sorted(r["digests"][index].items())) for r in results}) == 1
 
 
 def test_world_of_one_without_process_group_returns_at_once():
@@ -231,8 +259,71 @@ def _missed_deadline(algorithm: str):
 
 @pytest.mark.parametrize("algorithm", ["ring", "tree"])
 def test_a_missed_deadline_names_the_operation_and_the_peer(algorithm):
-    results = [r for r in run_ranks(_missed_deadline, POOL, algorithm) if r is not None]
+    results = [r for r in run_ranks(_missed_deadline, POOL, algorithm, timeout_s=TIMEOUT_S) if r is not None]
     message = next(r for r in results if r != "absent")
     peer = group_ranks(2)[1]
     assert message.startswith(f"{algorithm}: ") and "timed out after 0.5s" in message, message
     assert f"group rank 1 (global rank {peer})" in message, message
+
+
+# --- CUDA tensors: NCCL (one process per GPU), and Gloo staging them through the CPU ------------
+
+def _cuda_rank(rank: int, world: int, port: int, cases: list, results) -> None:
+    import datetime
+    import os
+    import traceback
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    try:
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device,
+                                timeout=datetime.timedelta(seconds=60))
+        out = {"nccl": check_cases(None, world, cases, str(device))}
+        gloo = dist.new_group(backend="gloo")
+        out["gloo"] = check_cases(gloo, world, cases[::3], str(device))
+        torch.cuda.synchronize()
+        results.put((rank, out))
+    except BaseException:
+        results.put((rank, traceback.format_exc()))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_tensors_on_nccl_and_staged_through_gloo():
+    """One process per GPU (all GPUs, at most 8): every algorithm, op and dtype on CUDA tensors."""
+    import multiprocessing as mp
+
+    from multirank import free_port
+
+    world = min(torch.cuda.device_count(), POOL)
+    cases = []
+    for world_seed in range(1, 4):
+        cases += coverage_cases(world_seed)
+    cases += [("float32", 3 * 1024 * 1024 + 5, "sum", "flat", 1), ("bfloat16", 777_777, "avg", "flat", 2)]
+    ctx = mp.get_context("spawn")
+    results = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_cuda_rank, args=(r, world, port, cases, results), daemon=True)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        answers = dict(results.get(timeout=300) for _ in procs)
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():       # a rank left waiting for one that failed
+                p.kill()
+    failed = {r: a for r, a in answers.items() if isinstance(a, str)}
+    assert not failed, failed
+    for backend, used in (("nccl", cases), ("gloo", cases[::3])):
+        per_rank = [answers[r][backend] for r in range(world)]
+        problems = sorted({p for r in per_rank for p in r["problems"]})
+        assert not problems, f"{backend}:\n" + "\n".join(problems[:20])
+        for index, case in enumerate(used):
+            digests = [r["digests"][index] for r in per_rank]
+            assert all(d == digests[0] for d in digests), f"{backend} {case}: ranks disagree bitwise"

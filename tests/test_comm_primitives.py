@@ -17,6 +17,7 @@ import ddtrain.comm as comm
 from ddtrain.errors import DDTrainError
 
 POOL = 8
+TIMEOUT_S = 600   # the first call starts 8 processes: minutes on a busy 2-core machine
 _groups: dict = {}
 
 
@@ -78,7 +79,7 @@ def _worked_examples(world: int, per_rank: int, seed: int | None):
 
 
 def test_document_000_worked_examples_give_the_documents_numbers():
-    results = [r for r in run_ranks(_worked_examples, POOL, 4, 3, None) if r is not None]
+    results = [r for r in run_ranks(_worked_examples, POOL, 4, 3, None, timeout_s=TIMEOUT_S) if r is not None]
     root = results[0]
     assert [r["local_mean"] for r in results] == [1.0, 4.0, 7.0, 10.0]
     assert root["gathered_means"] == [1.0, 4.0, 7.0, 10.0]
@@ -94,7 +95,7 @@ def test_document_000_worked_examples_give_the_documents_numbers():
 @pytest.mark.parametrize("world,per_rank", [(2, 5), (3, 4), (5, 1)])
 def test_worked_examples_agree_with_numpy_on_random_data(world, per_rank):
     full = np.random.default_rng(11).normal(5, 3, world * per_rank)
-    results = [r for r in run_ranks(_worked_examples, POOL, world, per_rank, 11) if r is not None]
+    results = [r for r in run_ranks(_worked_examples, POOL, world, per_rank, 11, timeout_s=TIMEOUT_S) if r is not None]
     root = results[0]
     assert root["scatter_gather_mean"] == pytest.approx(full.mean(), rel=1e-12)
     assert all(r["allgather_mean"] == pytest.approx(full.mean(), rel=1e-12) for r in results)
@@ -142,7 +143,7 @@ def _primitives(world: int, root: int, seed: int):
 @pytest.mark.parametrize("world,root", [(1, 0), (2, 1), (3, 2), (5, 3)])
 def test_bcast_scatter_gather_allgather_alltoall_send_recv(world, root):
     seed = 7 * world + root
-    results = [r for r in run_ranks(_primitives, POOL, world, root, seed) if r is not None]
+    results = [r for r in run_ranks(_primitives, POOL, world, root, seed, timeout_s=TIMEOUT_S) if r is not None]
     assert len(results) == world
     for i, shape in enumerate(SHAPES):
         inputs = [data(seed + i, r, shape) for r in range(world)]
@@ -204,7 +205,7 @@ NUMPY_REDUCE = {
 @pytest.mark.parametrize("world,root", [(1, 0), (3, 1), (4, 0), (5, 4)])
 def test_reduce_every_op_against_numpy(world, root):
     seed = 100 + world
-    results = [r for r in run_ranks(_reduce, POOL, world, root, seed) if r is not None]
+    results = [r for r in run_ranks(_reduce, POOL, world, root, seed, timeout_s=TIMEOUT_S) if r is not None]
     for i, (op, dtype) in enumerate(REDUCE_CASES):
         stack = np.stack([data(seed + i, r, (4, 5), dtype) for r in range(world)])
         expected = NUMPY_REDUCE[op](stack)

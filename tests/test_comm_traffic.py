@@ -18,6 +18,7 @@ import ddtrain.comm as comm
 from ddtrain.comm import ring_async, traffic
 
 POOL = 8
+TIMEOUT_S = 600   # the first call starts 8 processes: minutes on a busy 2-core machine
 _groups: dict = {}
 
 
@@ -56,7 +57,7 @@ def tree_children(r: int, R: int) -> int:
 @pytest.mark.parametrize("world,numel,dtype_name", [(2, 10, "float32"), (3, 12, "float64"), (4, 1003, "float32"),
                                                     (5, 7, "int64"), (8, 4096, "float16"), (6, 600, "float32")])
 def test_counted_bytes_equal_each_algorithms_formula(world, numel, dtype_name):
-    results = run_ranks(_measure_all, POOL, world, numel, dtype_name)
+    results = run_ranks(_measure_all, POOL, world, numel, dtype_name, timeout_s=TIMEOUT_S)
     results = [r for r in results if r is not None]
     assert len(results) == world
     es = torch.tensor([], dtype=getattr(torch, dtype_name)).element_size()
@@ -123,7 +124,7 @@ def _regions_and_hooks():
 
 
 def test_snapshot_measure_reset_hooks_and_all_ranks():
-    results = [r for r in run_ranks(_regions_and_hooks, POOL) if r is not None]
+    results = [r for r in run_ranks(_regions_and_hooks, POOL, timeout_s=TIMEOUT_S) if r is not None]
     assert len(results) == 3
     for res in results:
         region, total = res["region"], res["total"]

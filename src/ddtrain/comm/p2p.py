@@ -31,6 +31,11 @@ from ..errors import DDTrainError
 from . import traffic
 
 
+# Tests set this to run the CUDA code path (batched posting, waits that leave the deadline to
+# the process group) on Gloo with CPU tensors, so that CI without GPUs exercises it too.
+GPU_PATH_ON_CPU = False
+
+
 class CommError(DDTrainError):
     """A transfer failed or missed its deadline; the message names operation, step and peer."""
 
@@ -79,7 +84,7 @@ def open_comm(name: str, group=None, timeout_s: float | None = None, device=None
     if not timeout_s > 0:
         raise DDTrainError(f"{name}: timeout must be positive, got {timeout_s}")
     ranks = dist.get_process_group_ranks(group or dist.group.WORLD) if size > 1 else [rank]
-    cuda = device is not None and torch.device(device).type == "cuda"
+    cuda = GPU_PATH_ON_CPU or (device is not None and torch.device(device).type == "cuda")
     pg = (group if group is not None else dist.group.WORLD) if size > 1 else None
     return Comm(name, group, ranks, rank, size, timeout_s, time.monotonic() + timeout_s, not cuda, pg)
 
@@ -106,9 +111,9 @@ def exchange(comm: Comm, sends=(), recvs=(), label: str = "") -> Pending:
     Several transfers with the same peer in the same direction match in list order. Empty
     tensors are skipped. Tensors must be contiguous and must not be touched until ``wait``.
     """
-    ops, items, works = [], [], []
+    posts, items = [], []
     start = time.time() if traffic.HOOKS else 0.0
-    for direction, pairs, fn in (("send", sends, dist.isend), ("recv", recvs, dist.irecv)):
+    for direction, pairs in (("send", sends), ("recv", recvs)):
         for peer, tensor in pairs:
             if tensor.numel() == 0:
                 continue
@@ -117,15 +122,23 @@ def exchange(comm: Comm, sends=(), recvs=(), label: str = "") -> Pending:
             if tensor.is_complex():
                 tensor = torch.view_as_real(tensor)
             items.append((direction, peer, tensor.numel() * tensor.element_size()))
-            if not comm.blocking_waits:         # CUDA: one NCCL group call for the whole exchange
-                ops.append(dist.P2POp(fn, tensor, comm.ranks[peer], group=comm.group))
-            elif direction == "send":
-                works.append(comm.process_group.send([tensor], peer, 0))
-            else:
-                works.append(comm.process_group.recv([tensor], peer, 0))
-    if ops:
-        works = dist.batch_isend_irecv(ops)
+            posts.append((direction, peer, tensor))
+    if posts and (GPU_PATH_ON_CPU or any(t.is_cuda for _, _, t in posts)):   # one NCCL group call per exchange
+        # NCCL knows fewer dtypes than torch (no int16, for one); it moves bytes all the same.
+        works = dist.batch_isend_irecv([dist.P2POp(dist.isend if d == "send" else dist.irecv, _as_bytes(t),
+                                                   comm.ranks[p], group=comm.group) for d, p, t in posts])
+    else:                                      # Gloo: straight to the ProcessGroup, in group ranks
+        pg = comm.process_group
+        works = [pg.send([t], p, 0) if d == "send" else pg.recv([t], p, 0) for d, p, t in posts]
     return Pending(label, works, items, start)
+
+
+def _as_bytes(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's memory as uint8 (a one-element tensor may carry any stride; give it 1)."""
+    flat = t.reshape(-1)
+    if flat.numel() == 1 and flat.stride(0) != 1:
+        flat = flat.as_strided((1,), (1,))
+    return flat.view(torch.uint8)
 
 
 def wait(comm: Comm, pending: Pending) -> None:

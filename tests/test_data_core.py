@@ -102,3 +102,21 @@ def test_balanced_shards_are_disjoint_equal_and_reshuffled(world):
         assert len(flat) == len(set(flat)) == (n // world) * world
         assert len({len(s) for s in shards}) == 1
     assert not torch.equal(epoch[0][0], epoch[1][0])
+
+
+def test_prefetching_thread_yields_the_same_batches_and_stops_early():
+    import threading
+
+    from ddtrain.data.arrays import ArrayDataset
+    from ddtrain.data.loading import ShardLoader
+    ds = ArrayDataset(torch.randn(100, 1, 4, 4), torch.arange(100), num_classes=100)
+    loader = ShardLoader(ds, ShardSampler(100, rank=0, world_size=1, seed=3), 16, torch.device("cpu"))
+    direct = [y for _, y in loader]
+    prefetched = [y for _, y in loader._prefetched(torch.device("cpu"), pin=False)]
+    assert len(direct) == len(prefetched) == 7 and all(torch.equal(a, b) for a, b in zip(direct, prefetched))
+    it = loader._prefetched(torch.device("cpu"), pin=False)
+    next(it)
+    it.close()  # a run that stops mid-epoch (--steps) must not leave the thread blocked
+    import time
+    time.sleep(0.5)
+    assert not any(t.name == "ddtrain-prefetch" for t in threading.enumerate())

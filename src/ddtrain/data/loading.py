@@ -7,6 +7,8 @@ resident on the GPU, so a step never waits on the host); other datasets go throu
 from __future__ import annotations
 
 import math
+import queue
+import threading
 
 import torch
 from torch.utils.data import DataLoader, Dataset
@@ -63,6 +65,45 @@ class ShardLoader:
         for s in range(self.steps):
             yield idx[s * self.batch_size:(s + 1) * self.batch_size]
 
+    def _prefetched(self, on, depth: int = 3, pin: bool = True):
+        """Host data for a GPU: a thread gathers and pins the next batches while the GPU trains.
+
+        Gathering and pinning release the GIL, so they overlap the training step; the copy to
+        the GPU is then a non-blocking DMA from pinned memory.
+        """
+        ready: queue.Queue = queue.Queue(maxsize=depth)
+        stop = threading.Event()
+
+        def produce():
+            try:
+                for b in self._batches(on):
+                    x, y = self.dataset.batch(b)
+                    item = (x.pin_memory(), y.pin_memory()) if pin else (x, y)
+                    while not stop.is_set():
+                        try:
+                            ready.put(item, timeout=0.1)
+                            break
+                        except queue.Full:
+                            pass
+                    if stop.is_set():
+                        return
+                ready.put(None)
+            except BaseException as exc:  # handed to the training thread, raised there
+                ready.put(exc)
+
+        worker = threading.Thread(target=produce, name="ddtrain-prefetch", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = ready.get()
+                if item is None:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield self._place(*item)
+        finally:
+            stop.set()
+
     def _place(self, x, y):
         x = x.to(self.device, non_blocking=True)
         y = y.to(self.device, non_blocking=True)
@@ -73,11 +114,11 @@ class ShardLoader:
     def __iter__(self):
         if self.fast:
             on = self.dataset.x.device if isinstance(self.dataset, ArrayDataset) else self.dataset.device
+            if self.pin and on.type == "cpu":
+                yield from self._prefetched(on)
+                return
             for b in self._batches(on):
-                x, y = self.dataset.batch(b)
-                if self.pin and x.device.type == "cpu":
-                    x, y = x.pin_memory(), y.pin_memory()
-                yield self._place(x, y)
+                yield self._place(*self.dataset.batch(b))
             return
         loader = DataLoader(self.dataset, batch_sampler=[b.tolist() for b in self._batches()],
                             num_workers=self.workers, pin_memory=self.pin, collate_fn=self.collate_fn,

@@ -83,9 +83,9 @@ def open_comm(name: str, group=None, timeout_s: float | None = None, device=None
     timeout_s = default_timeout_s() if timeout_s is None else float(timeout_s)
     if not timeout_s > 0:
         raise DDTrainError(f"{name}: timeout must be positive, got {timeout_s}")
-    ranks = dist.get_process_group_ranks(group or dist.group.WORLD) if size > 1 else [rank]
-    cuda = GPU_PATH_ON_CPU or (device is not None and torch.device(device).type == "cuda")
     pg = (group if group is not None else dist.group.WORLD) if size > 1 else None
+    ranks = dist.get_process_group_ranks(pg) if size > 1 else [rank]
+    cuda = GPU_PATH_ON_CPU or (device is not None and torch.device(device).type == "cuda")
     return Comm(name, group, ranks, rank, size, timeout_s, time.monotonic() + timeout_s, not cuda, pg)
 
 

@@ -47,7 +47,7 @@ def reduce_scatter_(flat: torch.Tensor, op: str, comm: Comm, bounds: list[int]) 
 
 def all_gather_(flat: torch.Tensor, comm: Comm, bounds: list[int], first: int = 1,
                 phase: str = "all-gather") -> None:
-    """Ring all-gather in place: rank r starts owning chunk ``(r + first) % n``; afterwards all ranks hold all chunks."""
+    """Ring all-gather in place: rank r starts owning chunk ``(r + first) % n``; then every rank has all."""
     n, r = comm.size, comm.rank
     right, left = (r + 1) % n, (r - 1) % n
     for s in range(n - 1):

@@ -157,6 +157,8 @@ def main(args) -> int:
         result = run_bench(config)
         if runtime.rank() == 0:
             print(render(result), flush=True)
+            for line in link_lines(result):
+                print(line, flush=True)
             write_outputs(result, json_path=args.json, plot_path=args.plot)
     finally:
         runtime.shutdown()
@@ -210,7 +212,34 @@ def run_bench(config: BenchConfig, group=None) -> dict:
               "calibration_drift": drift,
               "rows": rows, "elapsed_s": time.perf_counter() - start}
     result["summary"] = summarize(result)
+    _add_link_fractions(result)
     return result
+
+
+def _add_link_fractions(result: dict) -> None:
+    """Inside ``ddtrain cluster run`` (DDTRAIN_LINK_BPS set): busbw as a fraction of the emulated link."""
+    from ..cluster import link_fraction, link_rate_bps
+
+    link = link_rate_bps()
+    if not link:
+        return
+    result["link_bps"] = link
+    for row in result["rows"]:
+        row["busbw_of_link"] = link_fraction(bytes_per_s=row["busbw_GBps"] * 1e9)
+
+
+def link_lines(result: dict, min_bytes: int = 1 << 20) -> list[str]:
+    """'#' lines of busbw / link per algorithm at sizes >= ``min_bytes`` (none outside a cluster run)."""
+    if not result.get("link_bps"):
+        return []
+    lines = [f"# busbw / link ({result['link_bps'] / 1e6:g} Mbit/s each way, DDTRAIN_LINK_BPS; TCP payload "
+             f"tops out near 0.956 of it at MTU 1500, docs/CLUSTER.md):"]
+    for name in dict.fromkeys(r["algorithm"] for r in result["rows"]):
+        cells = [(r["size_bytes"], r["busbw_of_link"]) for r in result["rows"]
+                 if r["algorithm"] == name and r["size_bytes"] >= min_bytes]
+        if cells:
+            lines.append(f"#   {name}: " + ", ".join(f"{size / (1 << 20):g}M {value:.3f}" for size, value in cells))
+    return lines
 
 
 def _row(size, count, type_name, algorithm, timing: Timing, ranks, params: LinkParams | None) -> dict:

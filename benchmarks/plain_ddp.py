@@ -7,12 +7,16 @@ Only plain torch in the loop: init_process_group, DistributedDataParallel, Distr
 DataLoader (``--loader dataloader``, what one writes by hand) or slicing the in-memory tensors by
 the sampler's indices (``--loader tensor``, which is how ddtrain batches in-memory data), SGD,
 cross-entropy. The model and the data come from ddtrain's builders only so that both sides
-train the very same network on the very same samples. Rank 0 writes ``loop_s``: seconds from the
-loop's start to the end of the last step (the same span as ddtrain's epoch ``time_s``).
+train the very same network on the very same samples. Rank 0 writes ``loop_s`` (seconds from the
+loop's start to the end of the last step: the span of ddtrain's epoch ``time_s``) and, over the
+steps after ``--warmup-steps``, per rank: the mean and median wall time of a step (from the end
+of one step to the end of the next, as ddtrain's profile measures it) and the process's CPU
+seconds per step -- the figures ``ddtrain train --profile`` reports for the same steps.
 """
 import argparse
 import json
 import os
+import statistics
 import time
 
 import torch
@@ -30,13 +34,16 @@ def main():
     p.add_argument("--model", default="simple-cnn")
     p.add_argument("--data", default="synthetic:mnist")
     p.add_argument("--data-arg", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--steps", type=int, default=40)
+    p.add_argument("--steps", type=int, default=40, help="steps in all, warm-up included")
+    p.add_argument("--warmup-steps", type=int, default=5)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--loader", choices=["dataloader", "tensor"], default="dataloader")
     p.add_argument("--out", default=None)
     args = p.parse_args()
+    if not 1 <= args.warmup_steps < args.steps:
+        raise SystemExit(f"need 1 <= --warmup-steps < --steps, got {args.warmup_steps} and {args.steps}")
 
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -60,6 +67,7 @@ def main():
         raise SystemExit(f"--steps {args.steps} is more than one epoch ({len(batches)} steps); add samples")
     model.train()
     start = time.perf_counter()
+    ends, cpu = [], []
     for step, (xb, yb) in enumerate(batches):
         if step == args.steps:
             break
@@ -67,10 +75,21 @@ def main():
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        ends.append(time.perf_counter())
+        cpu.append(time.process_time())
     loop_s = time.perf_counter() - start
+    w = args.warmup_steps
+    steps = [b - a for a, b in zip(ends[w - 1:], ends[w:])]
+    mine = torch.tensor([statistics.fmean(steps), statistics.median(steps), (cpu[-1] - cpu[w - 1]) / len(steps),
+                         min(steps)], dtype=torch.float64)
+    everyone = [torch.zeros_like(mine) for _ in range(world)]
+    dist.all_gather(everyone, mine)
     if rank == 0:
         result = {"loop_s": loop_s, "steps": args.steps, "world_size": world, "loss": loss.item(),
-                  "samples_per_s": args.steps * args.batch_size * world / loop_s, "loader": args.loader}
+                  "samples_per_s": args.steps * args.batch_size * world / loop_s, "loader": args.loader,
+                  "warmup_steps": w, "ranks": [{"step_time_s": t[0].item(), "step_time_median_s": t[1].item(),
+                                                "cpu_per_step_s": t[2].item(), "step_time_min_s": t[3].item()}
+                                               for t in everyone]}
         print(json.dumps(result))
         if args.out:
             with open(args.out + ".tmp", "w") as f:

@@ -8,7 +8,7 @@ import pytest
 
 from ddtrain import cli
 from ddtrain.bench.scaling import Cell, ScalingConfig, plan, train_argv
-from ddtrain.bench.scaling_output import finish_rows, network_check
+from ddtrain.bench.scaling_output import finish_rows, network_check, pick_median
 from ddtrain.errors import DDTrainError
 
 
@@ -73,6 +73,16 @@ def test_speedup_and_efficiency_are_against_the_same_strategys_one_worker_cell()
     # no 1-worker ring cell ran: the 2-worker cell is the baseline, and it says so
     assert rows[3]["baseline_workers"] == 2 and rows[4]["speedup"] == pytest.approx(1.8)
     assert rows[4]["efficiency"] == pytest.approx(0.9) and "speedup" not in rows[5]
+
+
+def test_repeats_report_each_cells_median_run():
+    rows = [dict(_row("ddp", 1, rate), setup="ddp-w1", cell=f"ddp-w1-r{k}") for k, rate in enumerate([90.0, 120.0, 100.0])]
+    rows += [dict(_row("ddp", 2, 0.0, ok=False), setup="ddp-w2", cell="ddp-w2"),
+             dict(_row("ddp", 2, 150.0), setup="ddp-w2", cell="ddp-w2-r1")]
+    one, two = pick_median(rows)
+    assert one["cell"] == "ddp-w1-r2" and one["repeats_samples_per_s"] == [90.0, 120.0, 100.0]
+    assert two["cell"] == "ddp-w2-r1" and two["repeats_samples_per_s"] == [None, 150.0]
+    assert [c.name for c in plan(_config(workers=[2]))] == ["ddp-w2-b32-lw0-off"]
 
 
 def _samples(t, tx, counted):

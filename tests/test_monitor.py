@@ -97,7 +97,6 @@ def lo_traffic(numel: int, calls: int):
 def measure_in_private_loopback():
     """Run inside ``unshare -n``: 2 Gloo ranks on this namespace's own lo; print the numbers."""
     from multirank import run_ranks
-    import torch.distributed  # noqa: F401  (import before timing)
     results = run_ranks(lo_traffic, 2, 1 << 20, 5, timeout_s=240)
     print(json.dumps(results))
 

@@ -5,7 +5,6 @@ import json
 import re
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import torch
@@ -40,7 +39,7 @@ def collectives(path):
     from ddtrain.bench.collectives import BenchConfig, run_bench
     from ddtrain.bench.collectives_output import write_outputs
     result = run_bench(BenchConfig(algorithms=["native", "ring"], sizes=[4096, 65536], iters=3,
-                                   min_iters=2, warmup=1, budget_s=0.05))
+                                   min_iters=2, warmup=1, budget_s=0.05, calibration_s=1.0))
     if dist.get_rank() == 0:
         write_outputs(result, json_path=path)
 

@@ -22,10 +22,10 @@ from .report_sections import collectives_blocks, records_blocks, scaling_blocks
 
 def add_arguments(p) -> None:
     p.add_argument("dir", help="results folder (from ddtrain bench scaling, bench collectives --json, train --out)")
-    p.add_argument("--out", default=None, help="folder for report.md, report.html, report_files/ (default: DIR)")
+    p.add_argument("--out", default=None, help="folder for report.md, report.html, report_files/ (None: DIR itself)")
     p.add_argument("--title", default=None, help="the report's title")
     p.add_argument("--all-timelines", action="store_true",
-                   help="a utilisation/traffic timeline for every cell (default: each strategy's largest)")
+                   help="a utilisation/traffic timeline for every cell, not only each strategy's largest")
 
 
 def collect(root: Path) -> dict:

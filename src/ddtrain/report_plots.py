@@ -56,6 +56,19 @@ def _by_setup(rows: list[dict]) -> dict[str, list[dict]]:
     return {k: sorted(v, key=lambda r: r["workers"]) for k, v in out.items()}
 
 
+def _lines(rows: list[dict], x: str) -> dict[str, list[dict]]:
+    """One line per combination of everything but ``x`` that varies (strategy and workers always named)."""
+    vary = varying(rows) - {x, "strategy", "workers"}
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        if r["ok"]:
+            label = f"{r['strategy']}, {r['workers']} worker(s)" + "".join(
+                f", {name} {r[key]}" for key, name in (("batch_size", "batch"), ("loader_workers", "loader workers"),
+                                                       ("amp", "amp")) if key in vary)
+            out.setdefault(label, []).append(r)
+    return out
+
+
 def throughput_vs_workers(rows: list[dict], path) -> str:
     """002 Fig 4.1-4.2: images per second against the number of workers, one line per strategy."""
     plt = _plt()
@@ -115,10 +128,7 @@ def time_vs_batch(rows: list[dict], path) -> str:
     """000 Tables 7.1-7.3: training (epoch) time against batch size, one line per setup."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    setups: dict[str, list[dict]] = {}
-    for r in rows:
-        if r["ok"]:
-            setups.setdefault(f"{r['strategy']}, {r['workers']} worker(s)", []).append(r)
+    setups = _lines(rows, "batch_size")
     kinds = set()
     for label, members in setups.items():
         members.sort(key=lambda r: r["batch_size"])
@@ -136,13 +146,10 @@ def time_vs_loader_workers(rows: list[dict], path) -> str:
     """004 §6.2.3: epoch time against data-loader worker processes."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    setups: dict[str, list[dict]] = {}
-    for r in rows:
-        if r["ok"]:
-            setups.setdefault(f"{r['strategy']}, {r['workers']} worker(s), batch {r['batch_size']}", []).append(r)
-    for label, members in setups.items():
+    for label, members in _lines(rows, "loader_workers").items():
         members.sort(key=lambda r: r["loader_workers"])
         ax.plot([r["loader_workers"] for r in members], [r["epoch_time_s"] for r in members], "o-", label=label)
+    ax.set_xticks(sorted({r["loader_workers"] for r in rows}))
     ax.set_xlabel("data-loader worker processes per rank")
     ax.set_ylabel("epoch time (s)")
     ax.set_ylim(bottom=0)
@@ -190,6 +197,7 @@ def utilisation_timeline(record: dict, label: str, path) -> str:
     axes[-1].set_ylabel("our bytes sent (MB/s)")
     axes[-1].set_xlabel("time since training started (s, rank 0's clock)")
     for ax in axes:
+        ax.set_ylim(bottom=0)
         if window:
             ax.axvspan(window[0], window[1], color="0.9", zorder=0)
         ax.grid(alpha=0.3)

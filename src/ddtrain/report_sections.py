@@ -42,7 +42,8 @@ def scaling_blocks(path: Path, result: dict, files: Path, calibration: dict | No
                           f"{c['warmup_steps']} warm-up steps left out of every time, "
                           + (f"{c['steps']} timed steps per cell (epoch times extrapolated)" if c["steps"]
                              else f"{c['epochs']} epoch(s) per cell (epoch times measured)")
-                          + ". Workers train on data; ps-* cells add their server ranks (column ranks).")]
+                          + ". Workers train on data; ps-* cells add their server ranks (column ranks)."
+                          + _load_note(result))]
     table = []
     for r in rows:
         if not r["ok"]:
@@ -88,6 +89,17 @@ def scaling_blocks(path: Path, result: dict, files: Path, calibration: dict | No
         blocks += [("h3", "Stragglers"), ("p", "\n".join(stragglers))]
     blocks += _cost_model(ok, calibration, files, prefix)
     return blocks
+
+
+def _load_note(result: dict) -> str:
+    load = result.get("loadavg_1min")
+    if not load or load[0] is None:
+        return ""
+    note = f" The host's 1-minute load average was {load[0]:.1f} at the start and {load[1]:.1f} at the end"
+    if max(load) > result["cores"]:
+        note += (f", more than its {result['cores']} cores: other processes competed for the CPU, so times vary "
+                 "from run to run (compare the 1-worker cells of different strategies, which run the same code)")
+    return note + "."
 
 
 def _timelines(path: Path, ok: list[dict], files: Path, prefix: str, all_timelines: bool) -> list:

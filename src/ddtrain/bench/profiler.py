@@ -23,6 +23,7 @@ optimizer step for parameter servers); they are taken out of compute or optimize
 from __future__ import annotations
 
 import bisect
+import statistics
 import threading
 import time
 
@@ -129,6 +130,7 @@ class Profiler(Callback):
         self._buckets: list[dict] = []
         self._grad_done_s = None
         self._step_ends: list[tuple[int, float, float | None]] = []   # (step, wall end, grad done)
+        self._cpu_ends: list[float] = []    # this process's CPU seconds (all threads) at each step end
         self._step = 0
 
     # -- recording (cheap: a clock read and an append) --------------------------------
@@ -157,6 +159,7 @@ class Profiler(Callback):
 
     def on_step_end(self, step, logs, state):
         self._step_ends.append((self._step, time.perf_counter(), self._grad_done_s))
+        self._cpu_ends.append(time.process_time())
 
     def _on_grad(self, _param):
         self._grad_done_s = time.perf_counter()
@@ -221,12 +224,22 @@ class Profiler(Callback):
         mine = {"rank": runtime.rank(), "role": self.synced.role, "timed_steps": len(timed), "warmup_steps": warm,
                 "split_s": {k: mean[k] for k in PARTS}, "other_s": mean["other_s"], "split_sum_s": parts,
                 "step_time_s": mean["step_s"],
+                "step_time_median_s": statistics.median(s["step_s"] for s in timed) if timed else None,
+                "step_time_min_s": min(s["step_s"] for s in timed) if timed else None,
+                "cpu_per_step_s": self._cpu_per_step(warm),
                 "split_sum_pct": 100 * parts / mean["step_s"] if timed and mean["step_s"] else None,
                 "busy_per_step_s": [s["data_s"] + s["compute_s"] + s["optimizer_s"] for s in timed],
                 "window_s": [steps[warm]["begin_s"], steps[-1]["wall_end_s"]] if steps else None}
         if self.trace_path:
             mine["trace"] = {"steps": steps, "comm": [s[:6] for s in self._spans], "buckets": self._buckets}
         return mine
+
+    def _cpu_per_step(self, warm: int) -> float | None:
+        """CPU seconds of this process per step after the warm-up (epoch ends included)."""
+        cpu = self._cpu_ends
+        if warm < 1 or len(cpu) <= warm:
+            return (cpu[-1] - cpu[0]) / (len(cpu) - 1) if len(cpu) > 1 else None
+        return (cpu[-1] - cpu[warm - 1]) / (len(cpu) - warm)
 
     def on_train_end(self, record, state):
         for h in self._hooks:

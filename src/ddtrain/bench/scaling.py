@@ -16,20 +16,15 @@ them ("ddtrain bench scaling").
 from __future__ import annotations
 
 import os
-import queue
-import re
-import subprocess
 import sys
-import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from ..errors import DDTrainError, choice_error
-from .scaling_output import cell_row, finish_rows, render
+from .cells import Progress, loadavg, run_cell
+from .scaling_output import cell_row, finish_rows, pick_median, render
 
-RUNNER = "import sys; from ddtrain.launch import run_local; sys.exit(run_local(int(sys.argv[1]), sys.argv[2:]))"
-STEP_LINE = re.compile(r"^\s*step (\d+) - loss")
 
 
 @dataclass(kw_only=True)
@@ -58,6 +53,7 @@ class ScalingConfig:
     monitor_every: float = 0.5
     cell_timeout_s: float = 900.0
     timeout_s: float = 300.0
+    repeats: int = 1                # run the whole matrix this often, interleaved; report each cell's median
 
     def __post_init__(self):
         if not self.strategies:
@@ -76,6 +72,8 @@ class ScalingConfig:
             raise DDTrainError("--steps, --epochs and --warmup-steps must be >= 0")
         if self.servers < 1:
             raise DDTrainError(f"--servers must be at least 1, got {self.servers}")
+        if self.repeats < 1:
+            raise DDTrainError(f"--repeats must be at least 1, got {self.repeats}")
         if not (self.cell_timeout_s > 0 and self.timeout_s > 0 and self.monitor_every > 0):
             raise DDTrainError("--cell-timeout, --timeout and --monitor-every must be positive")
 
@@ -88,10 +86,15 @@ class Cell:
     batch_size: int
     loader_workers: int
     amp: str
+    repeat: int = 0
+
+    @property
+    def setup(self) -> str:
+        return f"{self.strategy}-w{self.workers}-b{self.batch_size}-lw{self.loader_workers}-{self.amp}"
 
     @property
     def name(self) -> str:
-        return f"{self.strategy}-w{self.workers}-b{self.batch_size}-lw{self.loader_workers}-{self.amp}"
+        return self.setup + (f"-r{self.repeat}" if self.repeat else "")
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -112,7 +115,7 @@ def add_arguments(p) -> None:
     p.add_argument("--loader-workers", default="0", help="comma-separated DataLoader processes per rank")
     p.add_argument("--amp", default="off", help="comma-separated precisions: off, bf16, fp16")
     p.add_argument("--channels-last", action="store_true", help="NHWC memory layout in every cell")
-    p.add_argument("--steps", type=int, default=None, help="timed steps per cell, after the warm-up (default 30)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per cell, after the warm-up (None: 30, or 0 with --epochs)")
     p.add_argument("--epochs", type=int, default=0, help="whole epochs per cell instead of --steps")
     p.add_argument("--warmup-steps", type=int, default=5, help="steps run first and left out of every time")
     p.add_argument("--servers", type=int, default=1, help="parameter-server ranks of ps-* strategies")
@@ -122,6 +125,8 @@ def add_arguments(p) -> None:
     p.add_argument("--trace", action="store_true", help="also write a Chrome trace per cell (cells/<cell>.trace.json)")
     p.add_argument("--no-monitor", action="store_true", help="do not sample CPU/GPU/network while cells run")
     p.add_argument("--monitor-every", type=float, default=0.5, metavar="SECONDS", help="seconds between samples")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run the matrix this often, interleaved (cell by cell), and report each cell's median run")
     p.add_argument("--cell-timeout", type=float, default=900.0, help="seconds one cell may take before it is stopped")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any rank waits on another")
     p.add_argument("--out", required=True, help="results folder (cells/, scaling.json, scaling.txt)")
@@ -137,7 +142,7 @@ def config_from_args(args) -> ScalingConfig:
         warmup_steps=args.warmup_steps, servers=args.servers, lr=args.lr, seed=args.seed,
         model_args=args.model_arg, data_args=args.data_arg, sync_every=args.sync_every, trace=args.trace,
         monitor=not args.no_monitor, monitor_every=args.monitor_every, cell_timeout_s=args.cell_timeout,
-        timeout_s=args.timeout)
+        timeout_s=args.timeout, repeats=args.repeats)
 
 
 def plan(config: ScalingConfig) -> list[Cell]:
@@ -194,94 +199,6 @@ def train_argv(config: ScalingConfig, cell: Cell, out: Path) -> list[str]:
     return argv
 
 
-class Progress:
-    """Which cell runs and how far it is: one redrawn line on a terminal, plain lines otherwise."""
-
-    def __init__(self, total_cells: int, stream=None):
-        self.stream = stream or sys.stderr
-        self.tty = self.stream.isatty()
-        self.total, self.started = total_cells, time.perf_counter()
-        self.last_draw = 0.0
-
-    def cell(self, i: int, cell: Cell, note: str, final: bool = False) -> None:
-        text = (f"[{i}/{self.total}] {cell.strategy}, {cell.workers} worker(s) ({cell.ranks} ranks), batch "
-                f"{cell.batch_size}, loader {cell.loader_workers}, amp {cell.amp}: {note} "
-                f"({time.perf_counter() - self.started:.0f} s in all)")
-        if self.tty:
-            now = time.perf_counter()
-            if final or now - self.last_draw > 0.2:
-                self.last_draw = now
-                self.stream.write("\r" + text + "\x1b[K" + ("\n" if final else ""))
-        elif final or note == "starting":
-            self.stream.write("# " + text + "\n")
-        self.stream.flush()
-
-
-def run_cell(config: ScalingConfig, cell: Cell, out: Path, progress: Progress, index: int, total_steps) -> dict:
-    """Launch one cell, follow its output, enforce its deadline; returns {exit_code, wall_s, log}."""
-    log_path = out / f"{cell.name}.log"
-    env = dict(os.environ, DDTRAIN_TIMEOUT_S=str(config.timeout_s), PYTHONUNBUFFERED="1")
-    if "OMP_NUM_THREADS" in env and not os.environ.get("DDTRAIN_KEEP_OMP"):
-        env.pop("OMP_NUM_THREADS")  # run_local sets cores // ranks per cell; an inherited value would win
-    progress.cell(index, cell, "starting")
-    start = time.perf_counter()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen([sys.executable, "-c", RUNNER, str(cell.ranks), *train_argv(config, cell, out)],
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
-                                start_new_session=True)
-        deadline = start + config.cell_timeout_s
-        timed_out = False
-        lines: queue.Queue = queue.Queue()
-        threading.Thread(target=_pump, args=(proc.stdout, lines), daemon=True).start()
-        while True:
-            try:
-                line = lines.get(timeout=0.5)
-            except queue.Empty:
-                line = ""
-            if line is None:  # the job closed its output
-                break
-            log.write(line)
-            match = STEP_LINE.match(line)
-            if match:
-                progress.cell(index, cell, f"step {match.group(1)}/{total_steps or '?'}")
-            if time.perf_counter() > deadline:
-                timed_out = True
-                break
-        if timed_out:
-            _stop(proc)
-        try:
-            code = proc.wait(timeout=max(1.0, deadline - time.perf_counter()))
-        except subprocess.TimeoutExpired:
-            _stop(proc)
-            code, timed_out = proc.wait(), True
-    wall = time.perf_counter() - start
-    if timed_out:
-        with open(log_path, "a") as log:
-            log.write(f"ddtrain bench scaling: cell stopped after --cell-timeout {config.cell_timeout_s:g} s\n")
-    return {"exit_code": code, "timed_out": timed_out, "wall_s": wall, "log": str(log_path)}
-
-
-def _pump(stream, lines: "queue.Queue") -> None:
-    for line in stream:
-        lines.put(line)
-    lines.put(None)
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """SIGTERM then SIGKILL to the cell's own process group (its launcher and ranks)."""
-    import signal
-    for sig, grace in ((signal.SIGTERM, 10), (signal.SIGKILL, 5)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def main(args) -> int:
     from .. import records
     config = config_from_args(args)
@@ -294,18 +211,22 @@ def main(args) -> int:
           f"{len(cells)} cells, {config.warmup_steps} warm-up + "
           f"{f'{config.steps} timed steps' if config.steps else f'{config.epochs} epoch(s)'} each, "
           f"{os.cpu_count()} CPU cores", flush=True)
-    progress, rows = Progress(len(cells)), []
-    for i, cell in enumerate(cells, 1):
+    runs = [replace(cell, repeat=k) for k in range(config.repeats) for cell in cells]
+    progress, rows = Progress(len(runs)), []
+    load_start = loadavg()
+    for i, cell in enumerate(runs, 1):
         total_steps = config.warmup_steps + config.steps if config.steps else None
-        run = run_cell(config, cell, out / "cells", progress, i, total_steps)
+        run = run_cell(config, cell, train_argv(config, cell, out / "cells"), out / "cells", progress, i, total_steps)
         row = cell_row(config, cell, run, out / "cells" / f"{cell.name}.json", out)
         rows.append(row)
         note = (f"{row['samples_per_s']:.1f} samples/s, step {1e3 * row['step_time_s']:.1f} ms" if row["ok"]
                 else f"FAILED ({row['error']})")
         progress.cell(i, cell, f"{note}, {run['wall_s']:.0f} s", final=True)
+    rows = pick_median(rows)
     finish_rows(rows)
     result = {"kind": "ddtrain-bench-scaling", "config": asdict(config), "train_samples": n_train,
-              "cores": os.cpu_count(), "elapsed_s": time.perf_counter() - started, "cells": rows}
+              "cores": os.cpu_count(), "loadavg_1min": [load_start, loadavg()],
+              "elapsed_s": time.perf_counter() - started, "cells": rows}
     text = render(result)
     records.write_json(out / "scaling.json", result)
     records.atomic_write(out / "scaling.txt", lambda tmp: Path(tmp).write_text(text + "\n"))

@@ -74,7 +74,7 @@ def network_check(record: dict) -> list[dict]:
 def cell_row(config, cell, run: dict, record_path: Path, root: Path) -> dict:
     """Everything the table, scaling.json and the report need about one cell."""
     from ..data.loading import steps_per_epoch
-    row = {"cell": cell.name, "strategy": cell.strategy, "workers": cell.workers, "ranks": cell.ranks,
+    row = {"cell": cell.name, "setup": cell.setup, "repeat": cell.repeat, "strategy": cell.strategy, "workers": cell.workers, "ranks": cell.ranks,
            "batch_size": cell.batch_size, "loader_workers": cell.loader_workers, "amp": cell.amp,
            "ok": False, "exit_code": run["exit_code"], "wall_s": run["wall_s"], "log": _rel(run["log"], root),
            "record": _rel(record_path, root)}
@@ -110,6 +110,23 @@ def cell_row(config, cell, run: dict, record_path: Path, root: Path) -> dict:
     return row
 
 
+def pick_median(rows: list[dict]) -> list[dict]:
+    """One row per setup: with repeats, the run with the median samples/s (the lower middle one)."""
+    setups: dict[str, list[dict]] = {}
+    for r in rows:
+        setups.setdefault(r.get("setup", r["cell"]), []).append(r)
+    out = []
+    for members in setups.values():
+        if len(members) == 1:
+            out.append(members[0])
+            continue
+        ok = sorted((r for r in members if r["ok"]), key=lambda r: r["samples_per_s"])
+        chosen = dict(ok[(len(ok) - 1) // 2] if ok else members[0])
+        chosen["repeats_samples_per_s"] = [r["samples_per_s"] if r["ok"] else None for r in members]
+        out.append(chosen)
+    return out
+
+
 def finish_rows(rows: list[dict]) -> None:
     """Speed-up and efficiency against the smallest-worker cell (1 worker when there is one) of each setup."""
     setups: dict[tuple, list[dict]] = {}
@@ -141,9 +158,12 @@ def _ms(value) -> str:
 def render(result: dict) -> str:
     """The printout: '#' header lines, the cell table, the per-rank split, network and straggler lines."""
     c, rows = result["config"], result["cells"]
-    lines = [f"# ddtrain bench scaling: {c['model']} on {c['data']}, {result['cores']} CPU cores, "
+    load = result.get("loadavg_1min") or [None, None]
+    lines = [f"# ddtrain bench scaling: {c['model']} on {c['data']}, {result['cores']} CPU cores "
+             f"(1-min load average {fmt(load[0], 1)} at the start, {fmt(load[1], 1)} at the end), "
              f"{c['warmup_steps']} warm-up steps excluded, "
-             + (f"{c['steps']} timed steps per cell" if c["steps"] else f"{c['epochs']} epoch(s) per cell"),
+             + (f"{c['steps']} timed steps per cell" if c["steps"] else f"{c['epochs']} epoch(s) per cell")
+             + (f", median of {c['repeats']} interleaved repeats" if c.get("repeats", 1) > 1 else ""),
              "# step: mean wall time of a timed step (slowest worker); samples/s = workers x batch / step;",
              "# epoch: x = extrapolated (step x steps per epoch), m = measured; speed-up: samples/s over the",
              "# smallest-worker cell of the same strategy/batch/loader/amp; efficiency = speed-up / worker ratio;",

@@ -24,10 +24,14 @@ def assert_one_clear_error(result, *phrases):
         assert phrase in errors[0], errors[0]
 
 
-def test_help_lists_the_commands():
-    result = ddtrain("--help")
-    assert result.returncode == 0 and "train" in result.stdout and "demo" in result.stdout
-    assert ddtrain("train", "--help").returncode == 0
+def test_help_lists_the_commands(capsys):
+    from ddtrain import cli
+    assert cli.main(["--help"]) == 0
+    out = capsys.readouterr().out
+    assert "train" in out and "demo" in out and "bench collectives" in out
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["train", "--help"])
+    assert exit_.value.code == 0 and "--strategy" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("args,phrases", [
@@ -40,13 +44,27 @@ def test_help_lists_the_commands():
     (["--lr", "-1"], ["--lr must be positive"]),
     (["--out", "x.txt"], [".json"]),
 ])
-def test_bad_input_gets_one_clear_message(args, phrases):
-    assert_one_clear_error(ddtrain("train", *args), *phrases)
+def test_bad_input_gets_one_clear_message(args, phrases, capsys, monkeypatch):
+    """Refused in the launching process, before any worker starts (in-process: no spawn cost)."""
+    from ddtrain import cli, launch
+    monkeypatch.delenv("RANK", raising=False)
+    monkeypatch.setattr(launch, "run_local", lambda *a, **k: pytest.fail("workers were started"))
+    code = cli.main(["train", *args])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1, err
+    for phrase in phrases:
+        assert phrase in errors[0], errors[0]
 
 
-def test_unknown_command():
-    result = ddtrain("trian")
-    assert result.returncode == 2 and "unknown command 'trian'" in result.stderr
+def test_bad_input_from_the_shell_has_no_traceback():
+    assert_one_clear_error(ddtrain("train", "--model", "resnet9000"), "unknown model 'resnet9000'")
+
+
+def test_unknown_command(capsys):
+    from ddtrain import cli
+    assert cli.main(["trian"]) == 2 and "unknown command 'trian'" in capsys.readouterr().err
 
 
 def test_two_workers_train_and_write_a_record(tmp_path):

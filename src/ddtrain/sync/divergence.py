@@ -81,6 +81,10 @@ class DivergenceMonitor:
         stats.extra.setdefault("divergence_checks", 0)
         stats.extra.setdefault("divergence_full_compares", 0)
 
+    def check_due(self) -> bool:
+        """Will the next ``after_step`` run a check (a collective over the group)?"""
+        return bool(self.check_every) and (self.steps + 1) % self.check_every == 0
+
     def after_step(self, after_sync: bool = False) -> None:
         self.steps += 1
         if self.check_every and self.steps % self.check_every == 0:

@@ -18,20 +18,34 @@ So a worker too far ahead waits (for its answer), and the realised staleness of 
 is recorded in the server's stats (``staleness_histogram``, ``staleness_max``): it never
 exceeds K. K >= W-1 never makes anyone wait.
 
-"Whichever worker arrives first": one receive stays posted per worker and the server polls
-``is_completed()`` (Gloo and NCCL), sleeping a little longer each idle round (50 us up to
-2 ms) so that it does not steal the workers' cores. A worker that has parameters but sends
-nothing within the timeout is reported by name (see ``param_server.ServerCore.fail``).
+Workers that are about to wait for each other (the loop's epoch-end metrics and validation,
+divergence checks) first send PAUSE, answered at once with the current parameters, which
+takes them out of the outstanding set until their next HELLO. Without it a worker held by
+the gate and the others waiting for it at a collective would wait for each other forever.
+
+"Whichever worker arrives first": on Gloo the server posts one receive *from any source*
+(``dist.irecv`` without ``src``; Gloo's ``recv_anysource``) into a free message buffer and
+waits for it with a deadline; the work names the sender. NCCL has no receive from any
+source, so there one receive stays posted per worker and the server polls
+``is_completed()`` (which Gloo's point-to-point works do not update before ``wait``),
+sleeping a little longer each idle round (50 us up to 2 ms) so as not to steal cores. Either
+way a worker that has parameters but sends nothing within the timeout is reported by name
+(see ``param_server.ServerCore.fail``).
 """
 from __future__ import annotations
 
+import datetime
 import time
 from collections import Counter
 
+import torch.distributed as dist
+
+from ..comm import traffic
 from ..comm.p2p import CommError, wait
 from ..errors import DDTrainError
 from ..faults import maybe_inject
-from .param_server import FINAL, GRAD, HELLO, HELLO_SUFFIX, PARAMS, STOP, STOP_SUFFIX, ServerCore, reattribute
+from .param_server import ServerCore
+from .ps_messages import CONTROL_SUFFIX, FINAL, GRAD, HELLO, PARAMS, PAUSE, STOP, STOP_SUFFIX, reattribute
 
 MIN_SLEEP_S, MAX_SLEEP_S = 50e-6, 2e-3
 
@@ -44,61 +58,115 @@ def feasible(outstanding: dict, worker: int, version: int, bound: int) -> bool:
     return all(version + 1 + i - p <= bound for i, p in enumerate(rest))
 
 
+class Arrivals:
+    """The next message from any worker, into ``core.inbox[worker]`` (see the module docstring)."""
+
+    def __init__(self, core: ServerCore):
+        self.core, self.plan = core, core.plan
+        self.anysource = self.plan.device.type == "cpu" and "gloo" in str(dist.get_backend()).lower()
+        self.free = [self.plan.message(core.index) for _ in range(2)] if self.anysource else []
+        self.posted = {}          # anysource: {None: (work, message)}; polling: {worker: pending}
+
+    def expect(self, worker: int) -> None:
+        """``worker`` may send now (its previous message, if any, has been consumed)."""
+        if self.anysource:
+            self.free.append(self.core.inbox.pop(worker, None) or self.plan.message(self.core.index))
+        else:
+            self.posted[worker] = self.core.post_receive(self.plan.comm(), worker, f"message {self.core.version}")
+
+    def release(self, worker: int) -> None:
+        """``worker`` will send nothing more (STOP): its landing buffer can be reused."""
+        if self.anysource:
+            self.free.append(self.core.inbox.pop(worker))
+
+    def next(self, timeout_s: float) -> int | None:
+        """The worker whose message landed, or None when ``timeout_s`` passed with none."""
+        return self._next_anysource(timeout_s) if self.anysource else self._next_polled(timeout_s)
+
+    def _next_anysource(self, timeout_s: float) -> int | None:
+        if None not in self.posted:
+            message = self.free.pop() if self.free else self.plan.message(self.core.index)
+            self.posted[None] = (dist.irecv(message.buffer), message)
+        work, message = self.posted[None]
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=max(timeout_s, 1e-3)))
+        except RuntimeError as exc:
+            if "timed out" in str(exc).lower():
+                return None
+            raise CommError(f"{self.plan.name}: receive from any worker failed: {exc}") from exc
+        del self.posted[None]
+        worker = work._source_rank()
+        self.core.inbox[worker] = message
+        traffic.record(self.plan.name, bytes_received=message.buffer.numel(), messages_received=1)
+        return worker
+
+    def _next_polled(self, timeout_s: float) -> int | None:
+        deadline, sleep = time.monotonic() + timeout_s, MIN_SLEEP_S
+        while True:
+            for worker in sorted(self.posted):
+                if all(work.is_completed() for work in self.posted[worker].works):
+                    wait(self.plan.comm(), self.posted.pop(worker))
+                    return worker
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(sleep)
+            sleep = min(sleep * 2, MAX_SLEEP_S)
+
+
 def serve_async(core: ServerCore, bound: int) -> None:
     """Serve until every worker has sent STOP; then send all of them the final parameters."""
     plan = core.plan
     active = set(plan.workers)
-    posted = {}                   # worker -> pending receive
-    expected_since = {}           # worker -> when we started waiting for its next message
+    arrivals = Arrivals(core)
+    expected_since = {}                # worker -> when we started waiting for its next message
     outstanding: dict[int, int] = {}   # worker -> version its gradient is (being) computed on
     received: dict[int, int] = {}      # worker -> version, gradient here but not applied yet
-    answer: list[int] = []        # workers waiting for parameters, first come first served
+    answer: list[tuple[int, str]] = [] # (worker, traffic suffix) waiting for parameters, first come first served
     stopped: list[int] = []
     staleness = Counter()
     start = time.monotonic()
-
-    def post(w):
-        posted[w] = core.post_receive(plan.comm(), w, f"message {core.version}")
-
-    for w in sorted(active):
-        post(w)
-        expected_since[w] = start
-    sleep = MIN_SLEEP_S
+    if not arrivals.anysource:
+        for w in sorted(active):
+            arrivals.expect(w)
+    expected_since = {w: start for w in active}
     while active:
-        progressed = False
+        if not expected_since:   # cannot happen: the oldest outstanding gradient is always applicable
+            raise DDTrainError(f"{plan.name}: parameter server rank {core.rank} has nothing to wait for "
+                               f"(outstanding {outstanding}, received {received}, waiting {answer})")
         with core.ledger.timed():
-            for w in sorted(posted):
-                pending = posted[w]
-                if not all(work.is_completed() for work in pending.works):
-                    if w in expected_since and time.monotonic() - expected_since[w] > plan.timeout_s:
-                        core.fail(w, f"no message for {plan.timeout_s:g}s", answer + list(received) + stopped)
-                    continue
-                try:
-                    wait(plan.comm(), pending)
-                except CommError as exc:
-                    core.fail(w, str(exc), answer + list(received) + stopped)
-                del posted[w]
-                expected_since.pop(w, None)
-                kind, version = core.inbox[w].read_header()
-                progressed = True
-                if kind in (HELLO, STOP):
-                    reattribute(plan.name, HELLO_SUFFIX if kind == HELLO else STOP_SUFFIX,
-                                core.inbox[w].buffer.numel(), 1)
-                if kind == HELLO:
-                    answer.append(w)
-                    post(w)
-                elif kind == GRAD:
-                    if w not in outstanding or outstanding[w] != version:
-                        raise DDTrainError(f"{plan.name}: parameter server rank {core.rank}: worker rank {w} "
-                                           f"sent a gradient of version {version} it was never given")
-                    received[w] = version
-                elif kind == STOP:
-                    active.discard(w)
-                    outstanding.pop(w, None)
-                    stopped.append(w)
-                else:
-                    raise DDTrainError(f"{plan.name}: parameter server rank {core.rank}: unexpected message "
-                                       f"kind {kind} from worker rank {w}")
+            oldest = min(expected_since.items(), key=lambda item: (item[1], item[0]))
+            try:
+                w = arrivals.next(oldest[1] + plan.timeout_s - time.monotonic())
+            except CommError as exc:
+                core.fail(oldest[0], str(exc))
+        if w is None:
+            core.fail(oldest[0], f"no message for {plan.timeout_s:g}s")
+        expected_since.pop(w, None)
+        kind, version = core.inbox[w].read_header()
+        if kind in (HELLO, PAUSE, STOP):
+            reattribute(plan.name, STOP_SUFFIX if kind == STOP else CONTROL_SUFFIX, core.inbox[w].buffer.numel(), 1)
+        if kind == HELLO:
+            answer.append((w, CONTROL_SUFFIX))
+            arrivals.expect(w)
+        elif kind == PAUSE:           # not computing any more: answer at once, outside the gate
+            outstanding.pop(w, None)
+            arrivals.expect(w)
+            with core.ledger.timed():
+                core.send(plan.comm(suffix=CONTROL_SUFFIX), [w], PARAMS, "parameters (pause)")
+            expected_since[w] = time.monotonic()     # it will say HELLO or STOP
+        elif kind == GRAD:
+            if outstanding.get(w) != version:
+                raise DDTrainError(f"{plan.name}: parameter server rank {core.rank}: worker rank {w} "
+                                   f"sent a gradient of version {version} it was never given")
+            received[w] = version
+        elif kind == STOP:
+            active.discard(w)
+            outstanding.pop(w, None)
+            stopped.append(w)
+            arrivals.release(w)
+        else:
+            raise DDTrainError(f"{plan.name}: parameter server rank {core.rank}: unexpected message "
+                               f"kind {kind} from worker rank {w}")
         for w in sorted(received, key=lambda w: (received[w], w)):     # oldest first
             if not feasible(outstanding, w, core.version, bound):
                 continue
@@ -106,22 +174,14 @@ def serve_async(core: ServerCore, bound: int) -> None:
             maybe_inject(core.version, core.rank)
             core.apply_(core.inbox[w].payload)
             del received[w], outstanding[w]
-            answer.append(w)
-            post(w)
-            progressed = True
+            answer.append((w, ""))
+            arrivals.expect(w)
         with core.ledger.timed():
             while answer and len(outstanding) <= bound:
-                w = answer.pop(0)
-                core.send(plan.comm(), [w], PARAMS, f"parameters {core.version}")
+                w, suffix = answer.pop(0)
+                core.send(plan.comm(suffix=suffix), [w], PARAMS, f"parameters {core.version}")
                 outstanding[w] = core.version
                 expected_since[w] = time.monotonic()
-                progressed = True
-        if progressed:
-            sleep = MIN_SLEEP_S
-        else:
-            with core.ledger.timed():
-                time.sleep(sleep)
-            sleep = min(sleep * 2, MAX_SLEEP_S)
     extra = core.stats.extra
     extra["updates"] = core.version
     extra["staleness_bound"] = bound
@@ -129,12 +189,3 @@ def serve_async(core: ServerCore, bound: int) -> None:
     extra["staleness_max"] = max(staleness, default=0)
     with core.ledger.timed():
         core.send(plan.comm(suffix=STOP_SUFFIX), stopped, FINAL, "final parameters")
-
-
-def hello_before_first_forward(module, link) -> None:
-    """Make the worker's first forward pass wait for parameters from the servers (the staleness gate)."""
-    def pre_hook(_module, _args):
-        handle.remove()
-        link.exchange(HELLO, "hello")
-
-    handle = module.register_forward_pre_hook(pre_hook)

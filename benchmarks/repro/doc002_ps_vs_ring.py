@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import subprocess
 import sys
 import time
@@ -74,7 +75,8 @@ def main(argv=None) -> int:
         cells.insert(0, (config, Cell("ddp", 1, 1, args.batch_size, 0, "off")))
     n_train = check(config, [c for _, c in cells])
     compute = compute_only(args.model, args.data, args.model_arg, args.batch_size)
-    clock.say(f"compute only, one process, one thread: {compute['step_s']:.2f} s per step of {args.batch_size}")
+    clock.say(f"compute only, one process, one thread: {compute['step_s']:.3f} s per step of {args.batch_size} "
+              f"({compute['cpu_s']:.3f} s CPU)")
     nodes = max(c.ranks for _, c in cells)
     parse_rate(args.link)
     (out / "cells").mkdir(parents=True, exist_ok=True)
@@ -88,7 +90,7 @@ def main(argv=None) -> int:
     finish_rows(rows)
     result = {"kind": "ddtrain-bench-scaling", "config": {**asdict(config), "ps_steps": args.ps_steps},
               "compute_only": compute, "train_samples": n_train,
-              "cores": __import__("os").cpu_count(), "elapsed_s": time.perf_counter() - started, "cells": rows,
+              "cores": os.cpu_count(), "elapsed_s": time.perf_counter() - started, "cells": rows,
               "cluster": {"link": args.link, "link_bps": parse_rate(args.link), "nodes": nodes,
                           "host": host_line(), "script": "benchmarks/repro/doc002_ps_vs_ring.py " + " ".join(
                               sys.argv[1:] if argv is None else argv)}}
@@ -109,7 +111,7 @@ def main(argv=None) -> int:
     return 0 if all(r["ok"] for r in rows) else 1
 
 
-def compute_only(model: str, data: str, model_args: list[str], batch_size: int, steps: int = 3) -> dict:
+def compute_only(model: str, data: str, model_args: list[str], batch_size: int, steps: int = 5) -> dict:
     """Seconds of one training step (forward, backward, SGD update) in this process, one thread, no communication.
 
     The one-worker reference without the ~45 s start-up of a launched cell: the same model and
@@ -130,19 +132,22 @@ def compute_only(model: str, data: str, model_args: list[str], batch_size: int, 
         x = torch.randn(batch_size, *dataset.sample_shape)     # content does not change the time
         y = torch.randint(0, dataset.num_classes or 1, (batch_size,))
         optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
-        times = []
+        times, cpu = [], []
         for i in range(steps + 1):
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(net(x), y).backward()
             optimizer.step()
             if i:
                 times.append(time.perf_counter() - t0)
+                cpu.append(time.process_time() - c0)
     finally:
         torch.set_num_threads(threads)
     step = st.median(times)
-    return {"step_s": step, "samples_per_s": batch_size / step, "batch_size": batch_size, "threads": 1,
-            "steps": steps, "params": sum(p.numel() for p in net.parameters())}
+    # wall time depends on how much of a core the machine's other work leaves us; CPU time does not
+    return {"step_s": step, "cpu_s": st.median(cpu), "samples_per_s": batch_size / step, "batch_size": batch_size,
+            "threads": 1, "steps": steps, "params": sum(p.numel() for p in net.parameters()),
+            "load_average": os.getloadavg()[0] if hasattr(os, "getloadavg") else None}
 
 
 def summarize(result: dict) -> dict:
@@ -197,8 +202,9 @@ def markdown(result: dict, s: dict) -> str:
              f"batch {result['config']['batch_sizes'][0]} per worker.", ""]
     ref = s["compute_only"]
     lines.append(f"Compute only (one process, one thread, no communication; forward + backward + SGD step of "
-                 f"{ref['batch_size']} samples): {ref['step_s']:.2f} s per step = {ref['samples_per_s']:.2f} samples/s "
-                 f"({ref['params']:,} parameters).")
+                 f"{ref['batch_size']} samples, median of {ref['steps']}): {ref['step_s']:.3f} s per step "
+                 f"({ref['cpu_s']:.3f} s of CPU) = {ref['samples_per_s']:.2f} samples/s, load average "
+                 f"{ref['load_average']:.1f}; {ref['params']:,} parameters.")
     if s["baseline_cell"]:
         lines.append(f"One-worker `ddtrain train` cell (no communication): {s['baseline_cell']['samples_per_s']:.2f} "
                      f"samples/s, compute {1e3 * s['baseline_cell']['compute_s']:.0f} ms/step.")
@@ -242,8 +248,8 @@ def plot_shapes(s: dict, path: Path) -> None:
                                     for n in c["nodes"] if n["role"] == "worker"]) for c in cs]
         b.plot([c["workers"] for c in cs], busiest, "o-", color=f"C{i}", label=f"{strategy}: busiest node")
         b.plot([c["workers"] for c in cs], workers, "s--", color=f"C{i}", alpha=0.6, label=f"{strategy}: worker node (mean)")
-    a.axhline(s["compute_only"]["samples_per_s"], color="grey", ls=":", label="1 worker, compute only")
-    a.set(xlabel="worker nodes", ylabel="samples/s", title="throughput")
+    a.set(xlabel="worker nodes", ylabel="samples/s", ylim=(0, None),
+          title=f"throughput (1 worker, compute only: {s['compute_only']['samples_per_s']:.1f} samples/s)")
     b.set(xlabel="worker nodes", ylabel="MB per step (sent + received)", title="per-node traffic per step (our counters)")
     for ax in (a, b):
         ax.grid(alpha=0.3)

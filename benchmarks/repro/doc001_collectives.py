@@ -1,6 +1,6 @@
 """Document 001 in the emulated cluster: tree/butterfly against ring all-reduce across message sizes.
 
-    sudo python benchmarks/repro/doc001_collectives.py --out results/doc001      # ~5 min on 2 cores
+    sudo python benchmarks/repro/doc001_collectives.py --out results/doc001      # ~5.3 min on 2 cores (load 12)
 
 One emulated cluster (8 nodes, --link each way) for everything. On the first 4 nodes, then on
 all 8: ``ddtrain bench collectives --algorithms native,ring,ring-async,tree,butterfly`` over
@@ -9,10 +9,12 @@ benchmarks/repro/exchange_order.py times a Gloo exchange posted send-first and r
 
 From each JSON: the measured crossover (the smallest size from which ring is at least as
 fast as tree / butterfly at every larger size) and the α-β model's crossover, with α and β
-fitted three ways from the calibration's points (analysis.fit_alpha_beta): the bench's own fit
-(every size, relative residuals), and refits whose β comes only from messages >= --beta-min
-bytes (10x the tbf burst by default), on the pairwise exchange and on the lone ping-pong.
-Writes OUT/doc001.json, OUT/doc001.md and the bench's own tables (OUT/collectives-<n>.txt).
+fitted four ways: the bench's own fit (every size of its pairwise exchange, relative
+residuals); refits (analysis.fit_alpha_beta) whose β comes only from messages >= --beta-min
+bytes (10x the tbf burst by default), on the pairwise exchange and on the lone ping-pong; and
+an effective α, the ring's smallest call divided by its 2(p-1) steps, with the ping-pong's β.
+Writes OUT/doc001.json, OUT/doc001.md and the bench's own tables (OUT/collectives-<n>.txt);
+--analyse-only rewrites the summary from those files without a cluster.
 """
 from __future__ import annotations
 

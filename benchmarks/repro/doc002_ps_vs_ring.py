@@ -1,13 +1,15 @@
 """Document 002 in the emulated cluster: parameter server (ps-sync) against ring all-reduce, 2/4/6 workers.
 
-    sudo python benchmarks/repro/doc002_ps_vs_ring.py --out results/doc002     # ~6-9 min on 2 cores
+    sudo python benchmarks/repro/doc002_ps_vs_ring.py --out results/doc002     # 6.6-8 min on 2 cores (load 5-12)
 
 One emulated cluster (7 nodes, --link each way, tc tbf) for the whole sweep; every cell is
 ``ddtrain train ... --profile --monitor-system`` (the very command ``ddtrain bench scaling``
 builds: ``ddtrain.bench.scaling.train_argv``) with one rank per node, run on the first k nodes:
 ring on ``workers`` nodes, ps-sync on ``workers + 1`` (the server is the last rank, on the last
-node, as ``cluster run --server-node -1`` would place it). A one-worker cell without any
-communication (strategy ddp, world size 1) is the compute-only reference.
+node, as ``cluster run --server-node -1`` would place it). Ring cells time --steps steps, ps-sync
+cells --ps-steps (each of theirs moves 90-270 MB through the server's link). The compute-only
+reference is one training step timed in this process (one thread, no communication: wall and
+CPU time); --baseline-cell adds a launched one-worker cell too (~45 s of start-up).
 
 Writes OUT/scaling.json (the ``bench scaling`` format, so ``ddtrain report OUT`` draws it), with
 the cluster's per-node interface counters added to every cell (``cluster``), OUT/scaling.txt,

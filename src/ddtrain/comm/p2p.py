@@ -113,7 +113,9 @@ def exchange(comm: Comm, sends=(), recvs=(), label: str = "") -> Pending:
     """
     posts, items = [], []
     start = time.time() if traffic.HOOKS else 0.0
-    for direction, pairs in (("send", sends), ("recv", recvs)):
+    # Receives first: on Gloo over TCP a pairwise exchange whose send is posted first ran at
+    # half the link rate in the emulated cluster (0.48 of the link against 0.85-0.90).
+    for direction, pairs in (("recv", recvs), ("send", sends)):
         for peer, tensor in pairs:
             if tensor.numel() == 0:
                 continue

@@ -234,7 +234,8 @@ def _time_exchange(nbytes: int, peers, group, device, per_size_s) -> float:
     def step():
         if peers is None:  # the odd rank out
             return
-        ops = [dist.P2POp(dist.isend, send, peers[0], group), dist.P2POp(dist.irecv, recv, peers[1], group)]
+        # receive posted first: Gloo halves a pairwise exchange whose send goes first
+        ops = [dist.P2POp(dist.irecv, recv, peers[1], group), dist.P2POp(dist.isend, send, peers[0], group)]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
 

@@ -98,7 +98,8 @@ def split_steps(steps: list[dict], blocking: list[tuple[float, float]]) -> list[
     last step of an epoch, to the loop's end-of-step callback (``wall_end_s``): ``other_s`` is
     that tail (the loop's in-step work after the optimizer: end-of-epoch replica checks,
     checkpoints). Inside an epoch the next data span starts where this step's optimizer ended,
-    so the per-step bookkeeping is part of the next step's ``data_s``.
+    so the per-step bookkeeping is part of the next step's ``data_s``. The run's last step ends
+    with its optimizer call.
     """
     disjoint = union(blocking)
     starts = [a for a, _ in disjoint]
@@ -207,7 +208,10 @@ class Profiler(Callback):
         steps = [s for _, s in sorted(by_step.items()) if len(s) == 5]
         for i, s in enumerate(steps):
             wall, s["grad_done_s"] = ends.get(s["step"], (None, None))
-            following = steps[i + 1]["begin_s"] if i + 1 < len(steps) else None
+            if i + 1 == len(steps):
+                s["wall_end_s"] = s["end_s"]     # the run's last step: what follows is the end of the run
+                continue
+            following = steps[i + 1]["begin_s"]
             # the next step starts where this one's optimizer ended, unless an epoch ended in between
             s["wall_end_s"] = following if following == s["end_s"] else (wall or s["end_s"])
         return steps

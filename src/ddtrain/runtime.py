@@ -168,9 +168,14 @@ def init(*, backend: str | None = None, timeout_s: float | None = None, device: 
     return env
 
 
+AT_SHUTDOWN: list = []   # callables run (last registered first) by shutdown(), before the group goes
+
+
 def shutdown() -> None:
-    """Leave the process group (if we created it) and forget the state."""
+    """Finish what registered itself (a strategy's last messages), leave the process group (if ours), forget."""
     global _state
+    while AT_SHUTDOWN:
+        AT_SHUTDOWN.pop()()
     if _state is not None and _state.owns_group and dist.is_initialized():
         dist.destroy_process_group()
     _state = None

@@ -1,9 +1,19 @@
 """How replicas stay consistent during training: one module per strategy, one line in STRATEGIES.
 
+    ddp                  DDP with the backend's own all-reduce (the default)              ddp.py
+    ring, ring-async,    DDP with that ddtrain.comm all-reduce as the communication       allreduce.py
+    tree, butterfly,     hook (bucketing and overlap kept)
+    central
+    ps-sync, ps-async    parameter servers on the last --servers ranks                   param_server.py,
+                                                                                          ps_async.py
+    hybrid               ring every step + rank 0's broadcast every K steps (000 ch. 5)   hybrid.py
+    local-sgd            local steps, parameters averaged every K steps                   local_sgd.py
+
 A strategy is a function ``wrap(model, optimizer, options) -> Synced``: it returns the model
 to call (e.g. DDP-wrapped), the optimizer to step (wrapped where the strategy syncs inside
-``step()``), and a ``SyncStats`` that reports traffic and waiting. At world size 1 every
-strategy returns the model and optimizer unchanged.
+``step()``), the rank's role, and a ``SyncStats`` that reports traffic (``accounting``),
+waiting and the replica divergence (``divergence``). At world size 1 every strategy returns
+the model and optimizer unchanged.
 """
 from __future__ import annotations
 
@@ -12,6 +22,7 @@ from typing import Callable
 
 import torch.distributed as dist
 
+from .. import runtime
 from ..errors import choice_error
 from .allreduce import strategy_for
 from .base import Synced, SyncOptions, SyncStats
@@ -42,4 +53,28 @@ def wrap(strategy: str, model, optimizer, options: SyncOptions | None = None) ->
     if synced.workers is None:  # every rank trains unless the strategy says otherwise
         synced.workers = dist.get_world_size() if dist.is_initialized() else 1
         synced.worker_rank = dist.get_rank() if dist.is_initialized() else 0
+    _finish_once(synced)
     return synced
+
+
+def _finish_once(synced: Synced) -> None:
+    """``finish`` runs exactly once: when the loop calls it, or else at ``ddtrain.shutdown()``.
+
+    ``fit`` calls it; a script on the ``prepare`` path only calls ``ddtrain.shutdown()``, and
+    parameter servers (waiting for STOP) and local SGD (a last averaging) need it there too.
+    """
+    inner, done = synced.finish, []
+
+    def finish() -> None:
+        if done:
+            return
+        done.append(True)
+        if finish in runtime.AT_SHUTDOWN:   # not there when shutdown() is the caller
+            runtime.AT_SHUTDOWN.remove(finish)
+        inner()
+
+    runtime.AT_SHUTDOWN.append(finish)
+    synced.finish = finish
+
+
+__all__ = ["STRATEGIES", "SyncOptions", "SyncStats", "Synced", "wrap"]

@@ -27,7 +27,8 @@ def wrap_ddp(model, optimizer, options: SyncOptions) -> Synced:
     if world == 1:
         return Synced(model, optimizer, model, SyncStats(method="none: world size 1"))
     synced = Synced(ddp_model(model, options), optimizer, model,
-                    SyncStats(method="formula: ring all-reduce moves 2(R-1)/R of the gradient bytes per step, each way"))
+                    SyncStats(method="formula: one ring all-reduce a step, 2(R-1)/R of the gradient bytes "
+                                     "and 2(R-1) messages each way (DDP's buckets not counted apart)"))
     per_step = int(2 * (world - 1) / world * gradient_bytes(model))
     messages = 2 * (world - 1)
     monitor = DivergenceMonitor(model, synced.stats, None, options.check_every)
@@ -37,7 +38,6 @@ def wrap_ddp(model, optimizer, options: SyncOptions) -> Synced:
         monitor.after_step()
         stats = synced.stats
         stats.bytes_sent = stats.bytes_received = per_step * monitor.steps
-        # one ring per bucket; the bucket count is DDP's business, so count one ring per step
         stats.messages_sent = stats.messages_received = messages * monitor.steps
 
     synced.after_step = after_step

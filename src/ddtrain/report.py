@@ -100,7 +100,7 @@ def render_md(blocks: list[tuple], out: Path) -> str:
             lines += ["```", block[1], "```", ""]
         elif kind == "table":
             columns, rows = block[1], block[2]
-            lines.append("| " + " | ".join(columns) + " |")
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in columns) + " |")
             lines.append("|" + "|".join("---:" if _numeric(rows, i) else "---" for i in range(len(columns))) + "|")
             lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
             lines.append("")

@@ -182,7 +182,7 @@ def records_blocks(records: list[tuple[Path, dict]], root: Path, files: Path) ->
             ranks = [x for x in r["profile"]["ranks"] if x["timed_steps"]]
             blocks.append(("table", ["record", "rank", "data wait (ms)", "compute (ms)", "comm wait (ms)",
                                      "optimizer (ms)", "other (ms)", "measured step (ms)"],
-                           [[name, x["rank"], *[_ms({**x["split_s"], "other_s": x.get("other_s")}[k])
+                           [[str(path.relative_to(root)), x["rank"], *[_ms({**x["split_s"], "other_s": x.get("other_s")}[k])
                                                 for k, _ in plots.PARTS], _ms(x["step_time_s"])] for x in ranks]))
         if r.get("monitor"):
             blocks.append(_figure(files, f"timeline-{name}", plots.utilisation_timeline, r, str(path.relative_to(root))))

@@ -2,7 +2,6 @@
 
 Skipped without CUDA (CI has none); run on a GPU machine with ``python -m pytest -q tests/test_cuda.py``.
 """
-import os
 
 import pytest
 import torch

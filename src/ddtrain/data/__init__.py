@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import Dataset, Subset
 
 from ..errors import DDTrainError, choice_error
-from .arrays import ArrayDataset
+from .arrays import ArrayDataset  # noqa: F401  (re-exported: ddtrain.data.ArrayDataset)
 from .cifar10 import load_cifar10
 from .digits import load_digits
 from .imagefolder import load_imagefolder

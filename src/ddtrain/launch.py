@@ -52,7 +52,7 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
     if nproc < 1:
         raise DDTrainError(f"--nproc must be at least 1, got {nproc}")
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    from torch.distributed.run import run
 
     cores = os.cpu_count() or 1
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
@@ -69,7 +69,7 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
         rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--local-addr", "127.0.0.1"]
     else:
         rendezvous = ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port)]
-    args = parse_args(["--nnodes", "1", "--nproc-per-node", str(nproc), *rendezvous,
+    args = _torchrun_parser().parse_args(["--nnodes", "1", "--nproc-per-node", str(nproc), *rendezvous,
                        "--max-restarts", str(max_restarts), "--monitor-interval", "0.2",
                        "--module", module, *argv])
     try:
@@ -141,3 +141,15 @@ def describe_failure(rank: int, exitcode: int) -> str:
             name = f"signal {-exitcode}"
         return f"worker rank {rank} was killed by {name}; the job was stopped"
     return f"worker rank {rank} failed with exit code {exitcode} (its message is above); the job was stopped"
+
+
+def _torchrun_parser():
+    """torchrun's own parser, told not to read our flags as abbreviations of its own.
+
+    Otherwise a worker flag such as ``--monitor`` would be taken for torchrun's
+    ``--monitor-interval`` before it reaches the worker.
+    """
+    from torch.distributed.run import get_args_parser
+    parser = get_args_parser()
+    parser.allow_abbrev = False
+    return parser

@@ -18,11 +18,11 @@ from ..launch import describe_failure
 
 def main(argv: list[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    from torch.distributed.run import run
 
     if not os.environ.get("DDTRAIN_DEBUG"):
         logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)
-    args = parse_args(sys.argv[1:] if argv is None else argv)
+    args = _torchrun_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         run(args)
     except ChildFailedError as exc:
@@ -35,3 +35,9 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def _torchrun_parser():
+    """torchrun's parser without abbreviations (see ddtrain.launch._torchrun_parser)."""
+    from ..launch import _torchrun_parser as parser
+    return parser()

@@ -17,7 +17,8 @@ from test_train_equivalence import _data
 
 WORLD = 3              # ps-sync: 2 workers + 1 server
 STEPS, CHECK_EVERY = 40, 5
-CASES = [("local-sgd", 20), ("hybrid", 10), ("ddp", 1), ("ring", 1), ("tree", 1), ("ps-sync", 1)]
+CASES = [("local-sgd", 20), ("hybrid", 10), ("ddp", 1), ("ring", 1), ("tree", 1), ("ps-sync", 1),
+         ("local-sgd", "epoch"), ("hybrid", "epoch")]
 
 
 class NoiseAugment(nn.Module):
@@ -56,7 +57,12 @@ def test_divergence_shows_drift_between_averagings_and_none_after_syncs():
         assert set(range(CHECK_EVERY, STEPS + 1, CHECK_EVERY)) <= {c["step"] for c in checks}
         synced = [c for c in checks if c["after_sync"]]
         drifting = [c for c in checks if not c["after_sync"]]
-        if strategy == "local-sgd":
+        if every == "epoch":        # synchronised at every epoch end (4 steps an epoch on 3 ranks), only there
+            assert [c["step"] for c in synced] == list(range(4, STEPS + 1, 4)), checks
+            assert all(c["divergence"] == 0.0 for c in synced), synced
+            if strategy == "local-sgd":
+                assert drifting and all(c["divergence"] > 1e-4 * scale for c in drifting), drifting
+        elif strategy == "local-sgd":
             assert [c["step"] for c in synced] == [20, 40], checks
             assert all(c["divergence"] == 0.0 for c in synced), synced
             assert drifting and all(c["divergence"] > 1e-4 * scale for c in drifting), drifting

@@ -18,15 +18,16 @@ DDP_LIKE = ["ddp", "ring", "ring-async", "tree", "butterfly", "central", "hybrid
 CASES = {                                   # world size -> [(strategy, workers, momentum)]
     2: [(s, 2, 0.9) for s in DDP_LIKE] + [("local-sgd", 2, 0.0), ("local-sgd", 2, 0.9)],
     3: [(s, 3, 0.9) for s in DDP_LIKE] + [("local-sgd", 3, 0.0), ("ps-sync", 2, 0.9)],
-    4: [("ps-sync", 3, 0.9)],
+    4: [("ps-sync", 3, 0.9), ("ps-sync", 2, 0.9)],          # the second: 2 servers, parameters sharded
 }
 
 
-def train(strategy: str, batch_size: int, momentum: float, epochs: int = 2):
+def train(strategy: str, batch_size: int, momentum: float, epochs: int = 2, servers: int = 1):
     """Parameters after training, steps of the last epoch, and this rank's role."""
     model, shape = _model("mlp")
     config = TrainConfig(model="mlp", data="synthetic", strategy=strategy, epochs=epochs, batch_size=batch_size,
-                         lr=0.1, momentum=momentum, seed=3, val_fraction=0.0, quiet=True, check_every=3)
+                         lr=0.1, momentum=momentum, seed=3, val_fraction=0.0, quiet=True, check_every=3,
+                         servers=servers)
     record = fit(model, _data(shape), config)
     params = {k: v.detach().clone() for k, v in model.state_dict().items()}
     mine = next(c for c in record["comm"] if c["rank"] == (torch.distributed.get_rank()
@@ -35,8 +36,9 @@ def train(strategy: str, batch_size: int, momentum: float, epochs: int = 2):
         mine.get("divergence_max", 0.0)
 
 
-def train_cases(cases):
-    return [train(strategy, BATCH, momentum) for strategy, _, momentum in cases]
+def train_cases(cases, world):
+    return [train(strategy, BATCH, momentum, servers=world - workers if strategy.startswith("ps-") else 1)
+            for strategy, workers, momentum in cases]
 
 
 @pytest.mark.parametrize("world", [2, 3, 4])
@@ -46,7 +48,7 @@ def test_every_synchronous_strategy_equals_one_process_with_the_global_batch(wor
     for _, workers, momentum in cases:
         if (workers, momentum) not in references:
             references[workers, momentum] = train("ddp", BATCH * workers, momentum)
-    per_rank = run_ranks(train_cases, world, cases, timeout_s=300)
+    per_rank = run_ranks(train_cases, world, cases, world, timeout_s=300)
     for i, (strategy, workers, momentum) in enumerate(cases):
         reference, ref_steps, _, _ = references[workers, momentum]
         trained = [per_rank[r][i] for r in range(world)]

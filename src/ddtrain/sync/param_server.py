@@ -124,14 +124,14 @@ class WorkerOptimizer:
 
 
 class ServerCore:
-    """A server's state: its parameters, the optimizer over them, one inbox/outbox per worker."""
+    """A server's state: its parameters, the optimizer over them, an inbox per worker, one outbox."""
 
     def __init__(self, plan: Plan, optimizer, index: int, ledger: Ledger, stats: SyncStats, note: FailureNote):
         self.plan, self.optimizer, self.index, self.ledger, self.stats = plan, optimizer, index, ledger, stats
         self.note = note
         self.params = plan.shards[index]
         self.inbox = {w: plan.message(index) for w in plan.workers}
-        self.outbox = {w: plan.message(index) for w in plan.workers}
+        self.outbox = plan.message(index)       # one answer, sent to every worker that gets it
         self.version = 0
         self.rank = plan.servers[index]
 
@@ -153,12 +153,9 @@ class ServerCore:
 
     def send(self, comm, workers, kind: int, label: str) -> None:
         """Send ``kind`` (with the current parameters) to ``workers`` and wait until it has left."""
-        posted = []
-        for w in workers:
-            box = self.outbox[w]
-            box.pack_(self.params)
-            box.set_header(kind, self.version)
-            posted.append((w, exchange(comm, sends=[(w, box.buffer)], label=label)))
+        self.outbox.pack_(self.params)
+        self.outbox.set_header(kind, self.version)
+        posted = [(w, exchange(comm, sends=[(w, self.outbox.buffer)], label=label)) for w in workers]
         for w, p in posted:
             try:
                 wait(comm, p)

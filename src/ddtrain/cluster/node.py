@@ -22,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not os.environ.get("DDTRAIN_DEBUG"):
         logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)
+    from ..launch import _torchrun_parser
     args = _torchrun_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         run(args)
@@ -35,9 +36,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-def _torchrun_parser():
-    """torchrun's parser without abbreviations (see ddtrain.launch._torchrun_parser)."""
-    from ..launch import _torchrun_parser as parser
-    return parser()

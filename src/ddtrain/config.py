@@ -20,7 +20,7 @@ class TrainConfig:
     steps: int = 0                         # stop after this many steps in all (0: no limit)
     batch_size: int = 64                   # samples per step on each rank
     lr: float = 0.05                       # learning rate
-    momentum: float = 0.0                  # SGD momentum
+    momentum: float = 0.9                  # SGD momentum (heavy ball)
     weight_decay: float = 0.0
     optimizer: str = "sgd"                 # sgd or adam
     seed: int = 0                          # model init, shuffling and dropout

@@ -55,7 +55,11 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
     from torch.distributed.run import run
 
     cores = os.cpu_count() or 1
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, cores // nproc)))
+    # Our choice is per launch (a demo launches 1, 2, then 4 workers from one process); a value
+    # the user set before ddtrain started is theirs and stays.
+    if "OMP_NUM_THREADS" not in os.environ or os.environ.get("DDTRAIN_SET_OMP_NUM_THREADS") == "1":
+        os.environ["OMP_NUM_THREADS"] = str(max(1, cores // nproc))
+        os.environ["DDTRAIN_SET_OMP_NUM_THREADS"] = "1"
     os.environ.update(env or {})
     if not os.environ.get("DDTRAIN_DEBUG"):
         logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)

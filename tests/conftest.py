@@ -2,6 +2,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE))
@@ -27,3 +28,12 @@ def brain_dir():
 def pytest_sessionfinish(session, exitstatus):
     import multirank
     multirank.close_all()
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models train faster on one thread, and much faster when other jobs share the cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

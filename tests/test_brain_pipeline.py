@@ -112,15 +112,6 @@ def test_manifest_lists_subjects_and_slices_stack(subject, tmp_path):
     assert pairs[0][0].shape == (2, 48, 48) and pairs[0][1].shape == (1, 48, 48)
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models train faster on one thread, and much faster when other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_t1_is_learnable_from_tissue_maps(brain_dir, one_thread):
     """A tiny conv net fitted on these slices halves its validation loss: the pipeline's pairs line up."""
     data = load_dataset(f"nifti:{brain_dir}", inputs="gm,wm", target="t1", pad=240, size=24,

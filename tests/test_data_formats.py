@@ -403,15 +403,6 @@ def test_synthetic_is_a_deterministic_function_of_seed_and_index():
     assert data.task == "regression" and data.num_classes is None
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models train faster on one thread, and much faster when other jobs share the cores."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_synthetic_classification_is_learnable(one_thread):
     ds = load_synthetic("cifar10", samples=448, size=8)
     torch.manual_seed(0)

@@ -11,14 +11,21 @@ For each case (model, input, batch, precision, channels-last, compile) it times
 and prints images/s, the ratio ddtrain/plain, and model FLOPs utilisation: counted forward FLOPs
 x 3 (forward + backward) x images/s over a bf16 8192^3 matrix-product rate measured in this run.
 Cases are interleaved (plain, ddp, ring, then again) and the median of ``--repeats`` is taken.
-The data-path cases run ResNet-18 with the data in host memory (pinned, copied every step) and
-through a DataLoader with worker processes generating samples, to show what the GPU-resident
-path saves.
+Each case holds ``warmup + steps`` distinct batches on the GPU (fewer only where they would take
+more than a quarter of its free memory), so a ddtrain run is one epoch: an epoch end (metrics,
+replica check) every few steps would be a cost of this benchmark, not of training.
+
+The data-path cases run ResNet-18 three ways: GPU-resident; from host memory (a thread gathers
+into pinned memory, copies run one batch ahead on a side stream); and through a DataLoader with
+worker processes. Each reports images/s and its data wait: the GPU time between CUDA events
+around every batch hand-over, as a share of the timed window (``gpu_probe.DataWait``).
+``--profile CASE`` adds a torch.profiler kernel breakdown of ddtrain's ddp run of that case.
 """
 from __future__ import annotations
 
 import argparse
 import gc
+import math
 import statistics
 import sys
 import time
@@ -32,6 +39,8 @@ from ddtrain.data import Data
 from ddtrain.data.arrays import ArrayDataset
 from ddtrain.models import build_model
 from ddtrain.models.flops import count_flops
+
+from gpu_probe import DataWait, KernelProfile, print_profile
 
 CASES = [  # name, model, (C, H, W), classes, batch, amp, channels_last, compile
     ("resnet50 fp32", "resnet50", (3, 224, 224), 1000, 256, "off", False, False),
@@ -62,9 +71,11 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def make_data(shape, classes, samples, device, seed=0):
+def make_data(shape, classes, samples, device, seed=0, channels_last=False):
     g = torch.Generator(device=device).manual_seed(seed)
     x = torch.randn(samples, *shape, device=device, generator=g)
+    if channels_last:  # made in the layout the case trains in, so no copy is ever needed
+        x = x.contiguous(memory_format=torch.channels_last)
     if classes:
         y = torch.randint(0, classes, (samples,), device=device, generator=g)
         return ArrayDataset(x, y, num_classes=classes)
@@ -127,7 +138,8 @@ class StepTimer(ddtrain.Callback):
         self.elapsed = time.perf_counter() - self.start
 
 
-def time_ddtrain(case, data, warmup, steps, device, strategy, *, data_on_device="yes", loader_workers=0) -> float:
+def time_ddtrain(case, data, warmup, steps, device, strategy, *, data_on_device="yes", loader_workers=0,
+                 extra_callbacks=(), timer_out=None) -> float:
     _, name, shape, classes, batch, amp, cl, compiled = case
     model = fresh_model(name, shape, classes, cl, device)
     config = TrainConfig(model=name, data="synthetic", strategy=strategy, epochs=0, steps=warmup + steps,
@@ -135,8 +147,18 @@ def time_ddtrain(case, data, warmup, steps, device, strategy, *, data_on_device=
                          compile=compiled, data_on_device=data_on_device, loader_workers=loader_workers, quiet=True)
     timer = StepTimer(warmup, device)
     fit(model, Data("synthetic", data, None, classes, shape, "classification" if classes else "regression"),
-        config, callbacks=[timer])
+        config, callbacks=[timer, *extra_callbacks])
+    if timer_out is not None:
+        timer_out.append(timer.elapsed)
     return steps * batch / timer.elapsed
+
+
+def batches_that_fit(shape, batch, wanted, device) -> int:
+    """``wanted`` batches, or as many as take a quarter of the GPU's free memory (at least 4)."""
+    if device.type != "cuda":
+        return wanted
+    per_batch = batch * math.prod(shape) * 4
+    return max(4, min(wanted, int(0.25 * torch.cuda.mem_get_info(device)[0] // per_batch)))
 
 
 def main() -> int:
@@ -147,6 +169,8 @@ def main() -> int:
     p.add_argument("--cases", default="all", help="comma-separated case names or 'all'")
     p.add_argument("--quick", action="store_true", help="tiny inputs and few steps (a smoke test on the CPU)")
     p.add_argument("--strategies", default="ddp,ring", help="ddtrain strategies to time (world size 1)")
+    p.add_argument("--loader-workers", type=int, default=6, help="DataLoader processes of the loader data path")
+    p.add_argument("--profile", default=None, metavar="CASE", help="kernel profile of ddtrain's ddp run of CASE")
     p.add_argument("--out", default=None)
     args = p.parse_args()
     ddtrain.init()
@@ -162,7 +186,8 @@ def main() -> int:
     rows = []
     for case in cases:
         label, mname, shape, classes, batch = case[:5]
-        data = make_data(shape, classes, batch * 4, device)
+        data = make_data(shape, classes, batch * batches_that_fit(shape, batch, args.warmup + args.steps + 1, device),
+                         device, channels_last=case[6])
         flops = 3 * count_flops(build_model(mname, num_classes=classes or 1, in_channels=shape[0],
                                             input_size=shape[1:]), shape)
         strategies = args.strategies.split(",")
@@ -179,6 +204,11 @@ def main() -> int:
                "mfu": {k: flops * v / (ceiling * 1e12) for k, v in med.items()}, "train_flops_per_sample": flops}
         rows.append(row)
         print("  " + _row(label, row, strategies), flush=True)
+        if args.profile == label and device.type == "cuda":
+            prof = KernelProfile(args.warmup, min(10, args.steps - 1))
+            time_ddtrain(case, data, args.warmup, args.steps, device, "ddp", extra_callbacks=[prof])
+            row["profile"] = prof.summary()
+            print_profile(label, row["profile"])
         del data
     data_rows = data_paths(cases, args, device)
     strategies = args.strategies.split(",")
@@ -188,7 +218,9 @@ def main() -> int:
     for r in rows:
         print("  " + _row(r["case"], r, strategies))
     for r in data_rows:
-        print(f"  data path {r['path']:<30} {r['images_per_s']:>8.0f} images/s  {r['ratio_to_device']:.3f} of GPU-resident")
+        print(f"  data path {r['path']:<44} {r['images_per_s']:>8.0f} images/s  {r['ratio_to_device']:.3f} of "
+              f"GPU-resident  data wait {r['data_wait_share']:.2%} of step time" if r.get("images_per_s") else
+              f"  data path {r['path']:<44} failed: {r.get('error')}")
     if args.out:
         from ddtrain.records import write_json
         write_json(args.out, {"device": name, "torch": torch.__version__, "matmul_tflops": ceiling,
@@ -204,21 +236,38 @@ def _row(label, row, strategies) -> str:
 
 
 def data_paths(cases, args, device) -> list[dict]:
-    """ResNet-18: GPU-resident data against data in (pinned) host memory copied each step."""
+    """ResNet-18 fed three ways, each with its images/s and its data wait (CUDA events, gpu_probe)."""
     case = next((c for c in cases if c[1] == "resnet18"), None)
-    if case is None:
+    if case is None or device.type != "cuda":
         return []
     _, _, shape, classes, batch = case[:5]
-    out = []
-    on_gpu = make_data(shape, classes, batch * 4, device)
+    on_gpu = make_data(shape, classes, batch * batches_that_fit(shape, batch, args.warmup + args.steps + 1, device),
+                       device, channels_last=case[6])
     on_host = ArrayDataset(on_gpu.x.cpu(), on_gpu.y.cpu(), num_classes=classes)
-    rate_device = statistics.median(time_ddtrain(case, on_gpu, args.warmup, args.steps, device, "ddp")
-                                    for _ in range(args.repeats))
-    rate_host = statistics.median(time_ddtrain(case, on_host, args.warmup, args.steps, device, "ddp",
-                                               data_on_device="no") for _ in range(args.repeats))
-    out.append({"path": "GPU-resident (--data-on-device yes)", "images_per_s": rate_device, "ratio_to_device": 1.0})
-    out.append({"path": "host memory, pinned, copied per step", "images_per_s": rate_host,
-                "ratio_to_device": rate_host / rate_device})
+    paths = [("GPU-resident (--data-on-device yes)", on_gpu, "yes", 0, args.steps),
+             ("host memory, pinned, copied ahead", on_host, "no", 0, args.steps),
+             (f"DataLoader, {args.loader_workers} worker processes", on_host, "no", args.loader_workers,
+              min(args.steps, 15))]
+    out, rate_device = [], None
+    for label, data, on_device, workers, steps in paths:
+        rates, shares = [], []
+        try:
+            for _ in range(args.repeats):
+                elapsed = []
+                with DataWait() as probe:
+                    rates.append(time_ddtrain(case, data, args.warmup, steps, device, "ddp", data_on_device=on_device,
+                                              loader_workers=workers, timer_out=elapsed))
+                # the timed window holds the fetches of steps warmup+1 .. warmup+steps (the last ends the run)
+                shares.append(probe.seconds(args.warmup + 1, steps) / elapsed[0])
+        except Exception as exc:  # one path failing (e.g. shared memory for loader processes) is reported
+            out.append({"path": label, "error": f"{type(exc).__name__}: {exc}"[:300]})
+            continue
+        rate = statistics.median(rates)
+        rate_device = rate_device or rate
+        out.append({"path": label, "images_per_s": rate, "ratio_to_device": rate / rate_device,
+                    "data_wait_share": statistics.median(shares), "all_runs": rates, "all_shares": shares,
+                    "steps": steps, "loader_workers": workers})
+        print(f"  data path {label}: {rate:.0f} images/s, data wait {statistics.median(shares):.2%}", flush=True)
     return out
 
 

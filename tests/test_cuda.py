@@ -74,3 +74,24 @@ def test_fit_on_cuda_with_amp_channels_last_and_gpu_resident_data(amp):
     assert record["versions"]["device"].startswith("cuda")
     assert record["epochs"][-1]["train_loss"] < record["epochs"][0]["train_loss"] * 1.5
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_host_batches_copied_ahead_on_a_side_stream_match_the_cpu_batches():
+    from ddtrain.data.arrays import ArrayDataset
+    from ddtrain.data.loading import ShardLoader, to_device
+    from ddtrain.data.sharding import ShardSampler
+    from ddtrain.data.synthetic import load_synthetic
+    ds = ArrayDataset(torch.randn(300, 3, 8, 8), torch.arange(300), num_classes=300)
+    cpu = ShardLoader(ds, ShardSampler(300, rank=0, world_size=1, seed=5), 32, torch.device("cpu"))
+    gpu = ShardLoader(ds, ShardSampler(300, rank=0, world_size=1, seed=5), 32, torch.device("cuda"),
+                      channels_last=True)
+    pairs = list(zip(cpu, gpu))
+    assert len(pairs) == cpu.steps == 10
+    for (xc, yc), (xg, yg) in pairs:
+        assert xg.is_cuda and xg.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(xc, xg.cpu()) and torch.equal(yc, yg.cpu())
+    lazy = load_synthetic("cifar10", samples=500, lazy=True)
+    on_gpu = to_device(lazy, torch.device("cuda"), channels_last=True)
+    assert isinstance(on_gpu, ArrayDataset) and on_gpu.x.is_cuda
+    idx = torch.tensor([3, 499, 0])
+    assert torch.equal(on_gpu.batch(idx.cuda())[0].cpu(), lazy.batch(idx)[0])

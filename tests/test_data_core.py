@@ -120,3 +120,23 @@ def test_prefetching_thread_yields_the_same_batches_and_stops_early():
     import time
     time.sleep(0.5)
     assert not any(t.name == "ddtrain-prefetch" for t in threading.enumerate())
+
+
+def test_a_lazy_dataset_materialised_on_its_device_equals_its_batches():
+    from ddtrain.data.arrays import ArrayDataset
+    from ddtrain.data.loading import gather, to_device
+    from ddtrain.data.synthetic import load_synthetic
+    for name in ("cifar10", "hcp"):
+        lazy = load_synthetic(name, samples=40, size=16, lazy=True)
+        part = lazy.select(torch.arange(3, 40, 2))  # a split keeps its index into the full set
+        for channels_last in (False, True):
+            whole = part.materialise(channels_last=channels_last, chunk_bytes=5000)  # several chunks
+            assert isinstance(whole, ArrayDataset) and len(whole) == len(part) == 19
+            idx = torch.tensor([0, 7, 18, 2])
+            for a, b in zip(whole.batch(idx), part.batch(idx)):
+                assert torch.equal(a, b)
+            assert whole.x.is_contiguous(memory_format=torch.channels_last) == channels_last
+        assert part.nbytes() == whole.x.numel() * 4 + whole.y.numel() * whole.y.element_size()
+        assert isinstance(to_device(part, torch.device("cpu")), ArrayDataset)
+        x, y = gather(whole, idx, pin=False)
+        assert torch.equal(x, whole.x[idx]) and torch.equal(y, whole.y[idx])

@@ -3,6 +3,12 @@
 In-memory ``ArrayDataset``s are gathered a whole batch at a time (optionally from a copy
 resident on the GPU, so a step never waits on the host); other datasets go through a
 ``torch.utils.data.DataLoader`` with worker processes, pinned memory and prefetch.
+
+The GPU-resident path copies an in-memory dataset to the GPU once, and computes a synthetic
+(lazy) dataset there once when it takes at most ``DEVICE_SHARE`` of the GPU's free memory
+(otherwise its batches are computed on the GPU step by step). From host memory, a thread
+gathers each batch straight into pinned memory and the copy to the GPU runs on a side stream
+one batch ahead, so it overlaps the previous step's compute instead of preceding it.
 """
 from __future__ import annotations
 
@@ -16,6 +22,8 @@ from torch.utils.data import DataLoader, Dataset
 from ..errors import DDTrainError
 from .arrays import ArrayDataset
 from .sharding import ShardSampler
+
+DEVICE_SHARE = 0.4      # a lazy dataset is materialised on the GPU up to this share of free memory
 
 
 def steps_per_epoch(samples_per_rank: int, batch_size: int) -> int:
@@ -44,9 +52,7 @@ class ShardLoader:
         # once skip the DataLoader's per-sample path when no loader processes are asked for.
         self.fast = hasattr(dataset, "batch") and hasattr(dataset, "to") and workers == 0
         if self.fast and on_device and device.type != "cpu":
-            self.dataset = dataset.to(device)  # copied once
-            if channels_last and isinstance(self.dataset, ArrayDataset) and self.dataset.x.dim() == 4:
-                self.dataset.x = self.dataset.x.contiguous(memory_format=torch.channels_last)
+            self.dataset = to_device(dataset, device, channels_last)
         self.pin = device.type == "cuda"
         self.workers, self.collate_fn = workers, collate_fn
 
@@ -77,8 +83,7 @@ class ShardLoader:
         def produce():
             try:
                 for b in self._batches(on):
-                    x, y = self.dataset.batch(b)
-                    item = (x.pin_memory(), y.pin_memory()) if pin else (x, y)
+                    item = gather(self.dataset, b, pin)
                     while not stop.is_set():
                         try:
                             ready.put(item, timeout=0.1)
@@ -93,14 +98,20 @@ class ShardLoader:
 
         worker = threading.Thread(target=produce, name="ddtrain-prefetch", daemon=True)
         worker.start()
+        ahead = _CopyAhead(self) if self.device.type == "cuda" else None
         try:
             while True:
                 item = ready.get()
                 if item is None:
-                    return
+                    break
                 if isinstance(item, BaseException):
                     raise item
-                yield self._place(*item)
+                if ahead is None:
+                    yield self._place(*item)
+                elif (previous := ahead.push(item)) is not None:
+                    yield previous
+            if ahead is not None and (last := ahead.drain()) is not None:
+                yield last
         finally:
             stop.set()
 
@@ -125,3 +136,60 @@ class ShardLoader:
                             persistent_workers=False, prefetch_factor=4 if self.workers else None)
         for x, y in loader:
             yield self._place(x, y)
+
+
+class _CopyAhead:
+    """Host-to-GPU copies on a side stream, one batch ahead of the step that uses them."""
+
+    def __init__(self, loader: ShardLoader):
+        self.loader = loader
+        self.stream = torch.cuda.Stream(loader.device)
+        self.pending = None
+
+    def push(self, item):
+        """Start copying ``item``; returns the batch copied before it, ready for the current stream."""
+        with torch.cuda.stream(self.stream):
+            x, y = self.loader._place(*item)
+        started = (x, y, self.stream.record_event())
+        previous, self.pending = self.pending, started
+        return None if previous is None else self._use(*previous)
+
+    def drain(self):
+        previous, self.pending = self.pending, None
+        return None if previous is None else self._use(*previous)
+
+    def _use(self, x, y, copied):
+        current = torch.cuda.current_stream(self.loader.device)
+        current.wait_event(copied)
+        x.record_stream(current)  # the allocator must not hand these out again before the step ends
+        y.record_stream(current)
+        return x, y
+
+
+def gather(dataset, idx: torch.Tensor, pin: bool):
+    """One batch from host memory, gathered straight into pinned memory when ``pin`` (one pass, not two)."""
+    if not (pin and isinstance(dataset, ArrayDataset) and dataset.x.device.type == "cpu"):
+        x, y = dataset.batch(idx)
+        return (x.pin_memory(), y.pin_memory()) if pin else (x, y)
+    out = []
+    for t in (dataset.x, dataset.y):
+        buf = torch.empty((len(idx), *t.shape[1:]), dtype=t.dtype, pin_memory=True)
+        out.append(torch.index_select(t, 0, idx, out=buf))
+    return tuple(out)
+
+
+def to_device(dataset, device: torch.device, channels_last: bool = False):
+    """``dataset`` resident on ``device``: copied once, or (a lazy synthetic dataset) computed there once.
+
+    A lazy dataset larger than ``DEVICE_SHARE`` of the device's free memory stays lazy: its
+    batches are then computed on the device each step.
+    """
+    dataset = dataset.to(device)
+    if not isinstance(dataset, ArrayDataset) and hasattr(dataset, "materialise"):
+        free = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
+        if free is None or dataset.nbytes() <= DEVICE_SHARE * free:
+            return dataset.materialise(channels_last=channels_last)
+        return dataset
+    if channels_last and isinstance(dataset, ArrayDataset) and dataset.x.dim() == 4:
+        dataset.x = dataset.x.contiguous(memory_format=torch.channels_last)
+    return dataset

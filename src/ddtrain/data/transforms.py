@@ -68,6 +68,25 @@ class BatchDataset(Dataset):
         return BatchDataset(self.make.to(device), self.n, num_classes=self.num_classes,
                             sample_shape=self.sample_shape, index=index, device=device)
 
+    def nbytes(self) -> int:
+        """Bytes of inputs and targets if every sample were computed and kept."""
+        x, y = self.batch(torch.zeros(1, dtype=torch.long, device=self.device))
+        return len(self) * (x.numel() * x.element_size() + y.numel() * y.element_size())
+
+    def materialise(self, *, channels_last: bool = False, chunk_bytes: int = 256 << 20):
+        """Every sample computed now, on the dataset's device, into an ``ArrayDataset`` there."""
+        from .arrays import ArrayDataset
+        x0, y0 = self.batch(torch.zeros(1, dtype=torch.long, device=self.device))
+        n, chunk = len(self), max(1, chunk_bytes // max(1, x0.numel() * x0.element_size()))
+        layout = torch.channels_last if channels_last and x0.dim() == 4 else torch.contiguous_format
+        x = torch.empty((n, *x0.shape[1:]), dtype=x0.dtype, device=x0.device, memory_format=layout)
+        y = torch.empty((n, *y0.shape[1:]), dtype=y0.dtype, device=y0.device)
+        for start in range(0, n, chunk):
+            xb, yb = self.batch(torch.arange(start, min(n, start + chunk), device=self.device))
+            x[start:start + len(xb)] = xb
+            y[start:start + len(yb)] = yb
+        return ArrayDataset(x, y, num_classes=self.num_classes)
+
 
 def resize_batch(x: torch.Tensor, size: int) -> torch.Tensor:
     """Resize (N, C, H, W) to (N, C, size, size): bilinear, antialiased when shrinking."""

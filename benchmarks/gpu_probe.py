@@ -59,13 +59,13 @@ class DataWait:
 
 
 KINDS = [  # (kind, pattern on the kernel name), first match wins
+    ("fused (Triton)", r"^triton_"),  # inductor's fused kernels (their names list the fused operators)
     ("communication", r"nccl"),
     ("copies", r"memcpy|memset|copy_|CatArray|index_select|indexSelect|gather"),
     ("optimizer", r"multi_tensor|foreach|_amp_update|sgd"),
     ("convolution", r"conv|cudnn|implicit_gemm|dgrad|wgrad|fprop|xmma_fprop|nhwc"),
     ("matrix products", r"gemm|cutlass|sm90_|nvjet|matmul"),
     ("normalisation", r"batch_norm|batchnorm|bn_|welford|norm"),
-    ("fused (Triton)", r"^triton_"),
     ("element-wise and reductions", r"elementwise|vectorized|reduce|unrolled|softmax|nll|loss|relu|pool"),
 ]
 
@@ -113,7 +113,8 @@ class KernelProfile(ddtrain.Callback):
         return {"steps": self.steps, "window_s": self.window_s, "step_s": self.window_s / self.steps,
                 "kernel_s_per_step": per_step, "busy_share": busy / self.window_s,
                 "top_kernels": [{"name": n[:120], "s_per_step": s / self.steps, "kind": kind_of(n)}
-                                for n, s in sorted(kernels.items(), key=lambda kv: -kv[1])[:top]]}
+                                for n, s in sorted(kernels.items(), key=lambda kv: -kv[1])[:top]],
+                "all_kernels_s_per_step": {n: s / self.steps for n, s in kernels.items()}}
 
 
 def print_profile(label: str, p: dict) -> None:

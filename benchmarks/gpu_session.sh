@@ -40,7 +40,7 @@ multi1)
   grep -v "Warning" "$out/collectives_${ngpu}gpu.txt" | tail -60
   scaling scaling_resnet50 ddp,ring,hybrid,local-sgd "$workers" ;;
 multi2)
-  [ -n "$ps_workers" ] && scaling scaling_resnet50_ps ps-sync "$ps_workers"
+  [ -n "$ps_workers" ] && scaling scaling_resnet50_ps ps-sync "$ps_workers" --timeout 60 --cell-timeout 100
   timeout 300 python3 -m ddtrain bench scaling --model unet --data synthetic:hcp --data-arg samples=1920 \
       --data-arg lazy=true --strategies ddp --workers "$workers" --batch-sizes 10,30,60 --amp bf16 --channels-last \
       --steps 20 --warmup-steps 5 --no-monitor --cell-timeout 120 --out "$out/scaling_unet" > "$out/scaling_unet.txt" 2>&1

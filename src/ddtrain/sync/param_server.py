@@ -203,6 +203,25 @@ def serve_sync(core: ServerCore) -> None:
             core.send(plan.comm(), active, PARAMS, f"parameters {core.version}")
 
 
+def connect_peers(plan, rank: int, device, *, force: bool = False) -> None:
+    """On NCCL, connect every worker-server pair at once, before the first message.
+
+    NCCL sets up a pair's connection at the pair's first transfer, inside the group call that
+    posts it. Servers post one worker at a time, so with two or more workers those set-ups
+    could wait on each other (seen on 4 H200s: a hang with 2 workers, an NCCL internal error
+    with 3). One group call per rank naming all its peers lets NCCL connect them together.
+    """
+    if not force and dist.get_backend() != "nccl":
+        return
+    peers = plan.workers if rank in plan.servers else plan.servers
+    token = torch.zeros(2 * len(peers), dtype=torch.uint8, device=device)
+    ops = []
+    for i, peer in enumerate(peers):
+        ops += [dist.P2POp(dist.irecv, token[2 * i:2 * i + 1], peer), dist.P2POp(dist.isend, token[2 * i + 1:2 * i + 2], peer)]
+    for work in dist.batch_isend_irecv(ops):
+        work.wait()
+
+
 def wrap_param_server(model, optimizer, options: SyncOptions, *, asynchronous: bool = False) -> Synced:
     """Apply ``ps-sync`` (or ``ps-async``); see the module docstring for roles and messages."""
     name = "ps-async" if asynchronous else "ps-sync"
@@ -216,6 +235,7 @@ def wrap_param_server(model, optimizer, options: SyncOptions, *, asynchronous: b
     plan = make_plan(name, model, options.servers, options.timeout_s, world)
     worker_group = dist.new_group(plan.workers)          # every rank, same order
     broadcast_(state_tensors(model), counted=False)      # servers and workers start alike
+    connect_peers(plan, rank, next(model.parameters()).device)
     ledger, stats, note = Ledger(plan.operations()), SyncStats(), FailureNote(name)
     common = dict(workers=len(plan.workers), update_stats=lambda: ledger.fill(stats))
     if rank in plan.servers:

@@ -66,3 +66,4 @@ def test_ps_async_reaches_ps_sync_accuracy_within_the_staleness_bound(mnist_dir)
 ])
 def test_the_staleness_gate(outstanding, worker, version, bound, expected):
     assert feasible(outstanding, worker, version, bound) is expected
+

@@ -67,11 +67,12 @@ class WorkerLink:
                 if kind == GRAD:
                     self.push[s].pack_(plan.shards[s], grads=True)
                 self.push[s].set_header(kind, self.versions[s])
-                pending.append(exchange(comm, sends=[(server, self.push[s].buffer)],
-                                        recvs=[(server, self.pull[s].buffer)], label=f"{what} {self.steps}"))
+                link, peer = plan.route(comm, runtime.rank(), server)
+                pending.append((link, exchange(link, sends=[(peer, self.push[s].buffer)],
+                                               recvs=[(peer, self.pull[s].buffer)], label=f"{what} {self.steps}")))
             for s, server in enumerate(plan.servers):
                 try:
-                    wait(comm, pending[s])
+                    wait(*pending[s])
                 except CommError as exc:
                     # a server that timed out on a dead worker closes all its connections at once,
                     # then writes its note; a server that merely went silent leaves none
@@ -149,16 +150,23 @@ class ServerCore:
         self.version += 1
 
     def post_receive(self, comm, worker: int, what: str):
-        return exchange(comm, recvs=[(worker, self.inbox[worker].buffer)], label=f"{what} from worker")
+        """Post the receive of ``worker``'s next message; wait for it with ``wait(pending.comm, pending)``."""
+        link, peer = self.plan.route(comm, worker, self.rank)
+        pending = exchange(link, recvs=[(peer, self.inbox[worker].buffer)], label=f"{what} from worker")
+        pending.comm = link
+        return pending
 
     def send(self, comm, workers, kind: int, label: str) -> None:
         """Send ``kind`` (with the current parameters) to ``workers`` and wait until it has left."""
         self.outbox.pack_(self.params)
         self.outbox.set_header(kind, self.version)
-        posted = [(w, exchange(comm, sends=[(w, self.outbox.buffer)], label=label)) for w in workers]
-        for w, p in posted:
+        posted = []
+        for w in workers:
+            link, peer = self.plan.route(comm, w, self.rank)
+            posted.append((w, link, exchange(link, sends=[(peer, self.outbox.buffer)], label=label)))
+        for w, link, p in posted:
             try:
-                wait(comm, p)
+                wait(link, p)
             except CommError as exc:
                 self.fail(w, f"could not send {KIND_NAMES[kind]} to worker rank {w}: {exc}")
 
@@ -181,7 +189,7 @@ def serve_sync(core: ServerCore) -> None:
             kinds = {}
             for w in active:
                 try:
-                    wait(comm, pending[w])
+                    wait(pending[w].comm, pending[w])
                 except CommError as exc:
                     core.fail(w, str(exc))
                 kinds[w] = core.inbox[w].read_header()[0]
@@ -213,6 +221,15 @@ def connect_peers(plan, rank: int, device, *, force: bool = False) -> None:
     """
     if not force and dist.get_backend() != "nccl":
         return
+    if plan.pairs is not None:  # each pair's own group, pairs in one global order (no waiting cycle)
+        for (w, srv), group in sorted(plan.pairs.items(), key=lambda kv: kv[0]):
+            if rank in (w, srv):
+                token = torch.zeros(2, dtype=torch.uint8, device=device)
+                peer = srv if rank == w else w
+                for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, token[:1], peer, group=group),
+                                                    dist.P2POp(dist.isend, token[1:], peer, group=group)]):
+                    work.wait()
+        return
     peers = plan.workers if rank in plan.servers else plan.servers
     token = torch.zeros(2 * len(peers), dtype=torch.uint8, device=device)
     ops = []
@@ -234,6 +251,9 @@ def wrap_param_server(model, optimizer, options: SyncOptions, *, asynchronous: b
     rank = dist.get_rank()
     plan = make_plan(name, model, options.servers, options.timeout_s, world)
     worker_group = dist.new_group(plan.workers)          # every rank, same order
+    if asynchronous and dist.get_backend() == "nccl":
+        # a group per worker-server pair, created by every rank in the same order (see ps_async)
+        plan.pairs = {(w, srv): dist.new_group([w, srv]) for w in plan.workers for srv in plan.servers}
     broadcast_(state_tensors(model), counted=False)      # servers and workers start alike
     connect_peers(plan, rank, next(model.parameters()).device)
     ledger, stats, note = Ledger(plan.operations()), SyncStats(), FailureNote(name)

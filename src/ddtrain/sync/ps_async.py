@@ -63,7 +63,8 @@ class Arrivals:
 
     def __init__(self, core: ServerCore):
         self.core, self.plan = core, core.plan
-        self.anysource = self.plan.device.type == "cpu" and "gloo" in str(dist.get_backend()).lower()
+        self.anysource = (self.plan.pairs is None and self.plan.device.type == "cpu"
+                          and "gloo" in str(dist.get_backend()).lower())
         self.free = [self.plan.message(core.index) for _ in range(2)] if self.anysource else []
         self.posted = {}          # anysource: {None: (work, message)}; polling: {worker: pending}
 
@@ -105,7 +106,8 @@ class Arrivals:
         while True:
             for worker in sorted(self.posted):
                 if all(work.is_completed() for work in self.posted[worker].works):
-                    wait(self.plan.comm(), self.posted.pop(worker))
+                    pending = self.posted.pop(worker)
+                    wait(pending.comm, pending)
                     return worker
             if time.monotonic() > deadline:
                 return None
@@ -147,12 +149,11 @@ def serve_async(core: ServerCore, bound: int) -> None:
             reattribute(plan.name, STOP_SUFFIX if kind == STOP else CONTROL_SUFFIX, core.inbox[w].buffer.numel(), 1)
         if kind == HELLO:
             answer.append((w, CONTROL_SUFFIX))
-            arrivals.expect(w)
         elif kind == PAUSE:           # not computing any more: answer at once, outside the gate
             outstanding.pop(w, None)
-            arrivals.expect(w)
             with core.ledger.timed():
                 core.send(plan.comm(suffix=CONTROL_SUFFIX), [w], PARAMS, "parameters (pause)")
+            arrivals.expect(w)
             expected_since[w] = time.monotonic()     # it will say HELLO or STOP
         elif kind == GRAD:
             if outstanding.get(w) != version:
@@ -175,11 +176,13 @@ def serve_async(core: ServerCore, bound: int) -> None:
             core.apply_(core.inbox[w].payload)
             del received[w], outstanding[w]
             answer.append((w, ""))
-            arrivals.expect(w)
         with core.ledger.timed():
             while answer and len(outstanding) <= bound:
                 w, suffix = answer.pop(0)
                 core.send(plan.comm(suffix=suffix), [w], PARAMS, f"parameters {core.version}")
+                # Only now: on NCCL a receive posted before this send would sit ahead of it on the
+                # stream, waiting for a message the worker sends only after these parameters.
+                arrivals.expect(w)
                 outstanding[w] = core.version
                 expected_since[w] = time.monotonic()
     extra = core.stats.extra

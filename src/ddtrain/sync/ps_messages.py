@@ -105,6 +105,7 @@ class Plan:
     dtype: torch.dtype
     device: torch.device
     timeout_s: float
+    pairs: dict | None = None    # ps-async on NCCL: (worker, server) -> that pair's own process group
 
     def message(self, server_index: int) -> Message:
         return Message(sum(p.numel() for p in self.shards[server_index]), self.dtype, self.device)
@@ -112,6 +113,20 @@ class Plan:
     def comm(self, timeout_s: float | None = None, suffix: str = ""):
         """A deadline for one exchange; its traffic counts under ``name + suffix``."""
         return open_comm(self.name + suffix, None, timeout_s or self.timeout_s, device=self.device)
+
+    def route(self, comm, worker: int, server: int):
+        """(comm, peer group rank) for one transfer between ``worker`` and ``server``.
+
+        Without pairs: ``comm`` itself and the other side's global rank. With pairs (ps-async on
+        NCCL, see ``ps_async``): the pair's own group, so its transfers run on their own NCCL
+        stream instead of queueing behind receives posted for other workers.
+        """
+        me = dist.get_rank() if dist.is_initialized() else worker
+        if self.pairs is None:
+            return comm, (server if me == worker else worker)
+        pair = open_comm(comm.name, self.pairs[(worker, server)], comm.timeout_s, device=self.device)
+        pair.deadline = comm.deadline
+        return pair, (1 if me == worker else 0)     # servers are the last ranks: worker < server
 
     def operations(self) -> tuple[str, ...]:
         return (self.name, self.name + STOP_SUFFIX, self.name + CONTROL_SUFFIX)

@@ -28,7 +28,11 @@ the gate and the others waiting for it at a collective would wait for each other
 waits for it with a deadline; the work names the sender. NCCL has no receive from any
 source, so there one receive stays posted per worker and the server polls
 ``is_completed()`` (which Gloo's point-to-point works do not update before ``wait``),
-sleeping a little longer each idle round (50 us up to 2 ms) so as not to steal cores. Either
+sleeping a little longer each idle round (50 us up to 2 ms) so as not to steal cores. NCCL
+runs a group's transfers in order on one stream, so on NCCL each worker-server pair has a
+process group of its own (``Plan.route``), and a worker's next receive is posted only after
+its parameters were sent: a receive posted first would hold the send behind it, and a receive
+for one worker would hold the answers to all the others (a hang on 4 H200s, fixed). Either
 way a worker that has parameters but sends nothing within the timeout is reported by name
 (see ``param_server.ServerCore.fail``).
 """

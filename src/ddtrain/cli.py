@@ -90,6 +90,10 @@ def _report_unexpected(exc: Exception) -> int:
     first = text.splitlines()[0] if text else ""
     if any(p.lower() in text.lower() for p in PEER_LOST):
         eprint(f"stopped: lost contact with another rank ({type(exc).__name__}: {first[:160]})")
-        return 1
+        # Let the launcher see the rank that failed first: it names the earliest failure, in whole seconds.
+        import time
+        time.sleep(2.0)
+        from .launch import LOST_PEER_EXIT
+        return LOST_PEER_EXIT
     eprint(f"ddtrain: error: {type(exc).__name__}: {first}" + ("" if debug else "  (DDTRAIN_DEBUG=1 shows the traceback)"))
     return 1

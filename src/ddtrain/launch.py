@@ -19,6 +19,7 @@ from .errors import DDTrainError
 LAUNCH_ENV_MARKERS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 # A rank that stops because rank 0 reports the problem (once) exits with this status, silently.
 PEER_STOPPED_EXIT = 4
+LOST_PEER_EXIT = 5       # a rank whose connection to a failed peer broke (cli._report_unexpected)
 
 
 def inside_launcher() -> bool:
@@ -89,10 +90,11 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
 
 def _priority(exitcode: int) -> int:
     """Which failure caused the others: a signal other than the agent's SIGTERM, then an error status,
-    then a rank that lost its peers (1), then one that stopped for rank 0's report, then SIGTERM."""
+    then a rank that failed with an error of its own (1), then one that lost its peers or stopped
+    for rank 0's report, then SIGTERM."""
     if exitcode < 0:
         return 4 if -exitcode == signal.SIGTERM else 0
-    return {1: 2, PEER_STOPPED_EXIT: 3}.get(exitcode, 1)
+    return {1: 2, LOST_PEER_EXIT: 3, PEER_STOPPED_EXIT: 3}.get(exitcode, 1)
 
 
 def cause(failures: dict):

@@ -8,6 +8,7 @@ is a world of one and never touches a process group.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import re
 import sys
@@ -177,6 +178,7 @@ def shutdown() -> None:
     while AT_SHUTDOWN:
         AT_SHUTDOWN.pop()()
     if _state is not None and _state.owns_group and dist.is_initialized():
+        gc.collect()  # wrappers left in reference cycles (DDP's reducer) let go of the group first
         dist.destroy_process_group()
     _state = None
 

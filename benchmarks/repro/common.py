@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import shlex
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -124,3 +125,20 @@ def run_training_cells(cluster, config, cells, out: Path, link: str, clock: Cloc
         clock.say(f"{cell.name}: " + (f"{row['samples_per_s']:.2f} samples/s, step {row['step_time_s']:.2f} s, "
                                       f"job {job['wall_s']:.0f} s" if row["ok"] else f"FAILED: {row.get('error')}"))
     return rows
+
+
+def write_results(out: Path, result: dict, doc: str, summary: dict, text: str, *, title: str, no_report: bool,
+                  clock: Clock, started: float) -> None:
+    """What every reproduction ends with: ``scaling.json``/``.txt`` as ``bench scaling`` writes them,
+    the document's summary (``DOC.json``) and Markdown (``DOC.md``), both printed, then ``ddtrain report``."""
+    from ddtrain.bench.scaling_output import render
+    write_json(out / "scaling.json", result)
+    write_text(out / "scaling.txt", render(result) + "\n")
+    write_json(out / f"{doc}.json", summary)
+    write_text(out / f"{doc}.md", text)
+    print(render(result), flush=True)
+    print(text, flush=True)
+    if not no_report:
+        code = subprocess.call(["ddtrain", "report", str(out), "--title", title])
+        clock.say(f"ddtrain report exit status {code}")
+    clock.say(f"done in {time.perf_counter() - started:.0f} s")

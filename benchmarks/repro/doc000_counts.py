@@ -21,13 +21,12 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from common import Clock, host_line, markdown_table, run_training_cells, write_json, write_text
+from common import Clock, host_line, markdown_table, run_training_cells, write_results
 from analysis import count_check
 
 METHOD = {"central": "centralized", "ring": "decentralized", "hybrid": "proposed"}
@@ -52,7 +51,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     from ddtrain.bench.scaling import ScalingConfig, check, plan
-    from ddtrain.bench.scaling_output import finish_rows, render
+    from ddtrain.bench.scaling_output import finish_rows
     from ddtrain.cluster import emulated_cluster
     from ddtrain.cluster.netns import parse_rate
 
@@ -75,18 +74,9 @@ def main(argv=None) -> int:
     result = {"kind": "ddtrain-bench-scaling", "config": asdict(config), "train_samples": n_train,
               "cores": os.cpu_count(), "elapsed_s": time.perf_counter() - started, "cells": rows,
               "cluster": {"link": args.link, "link_bps": link_bps, "nodes": args.nodes, "host": host_line()}}
-    write_json(out / "scaling.json", result)
-    write_text(out / "scaling.txt", render(result) + "\n")
     summary = summarize(result)
-    write_json(out / "doc000.json", summary)
-    text = markdown(result, summary)
-    write_text(out / "doc000.md", text)
-    print(render(result), flush=True)
-    print(text, flush=True)
-    if not args.no_report:
-        code = subprocess.call(["ddtrain", "report", str(out), "--title", "Document 000 in the emulated cluster"])
-        clock.say(f"ddtrain report exit status {code}")
-    clock.say(f"done in {time.perf_counter() - started:.0f} s")
+    write_results(out, result, "doc000", summary, markdown(result, summary), title="Document 000 in the emulated cluster",
+                  no_report=args.no_report, clock=clock, started=started)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -23,13 +23,12 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import subprocess
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from common import Clock, host_line, markdown_table, run_training_cells, write_json, write_text
+from common import Clock, host_line, markdown_table, run_training_cells, write_results
 from analysis import expected_step_bytes, flattening, per_step, rates_over_time
 
 
@@ -60,7 +59,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     from ddtrain.bench.scaling import Cell, ScalingConfig, check, plan
-    from ddtrain.bench.scaling_output import finish_rows, render
+    from ddtrain.bench.scaling_output import finish_rows
     from ddtrain.cluster import emulated_cluster
     from ddtrain.cluster.netns import parse_rate
 
@@ -96,20 +95,11 @@ def main(argv=None) -> int:
               "cluster": {"link": args.link, "link_bps": parse_rate(args.link), "nodes": nodes,
                           "host": host_line(), "script": "benchmarks/repro/doc002_ps_vs_ring.py " + " ".join(
                               sys.argv[1:] if argv is None else argv)}}
-    write_json(out / "scaling.json", result)
-    write_text(out / "scaling.txt", render(result) + "\n")
     summary = summarize(result)
-    write_json(out / "doc002.json", summary)
-    text = markdown(result, summary)
-    write_text(out / "doc002.md", text)
     plot_shapes(summary, out / "doc002_shapes.png")
     plot_traffic_time(result, out / "doc002_traffic_time.png")
-    print(render(result), flush=True)
-    print(text, flush=True)
-    if not args.no_report:
-        code = subprocess.call(["ddtrain", "report", str(out), "--title", "Document 002 in the emulated cluster"])
-        clock.say(f"ddtrain report exit status {code}")
-    clock.say(f"done in {time.perf_counter() - started:.0f} s")
+    write_results(out, result, "doc002", summary, markdown(result, summary), title="Document 002 in the emulated cluster",
+                  no_report=args.no_report, clock=clock, started=started)
     return 0 if all(r["ok"] for r in rows) else 1
 
 

@@ -103,6 +103,7 @@ class Pending:
     items: list                          # (direction, group peer, nbytes) per posted transfer
     start_s: float = 0.0
     done: bool = field(default=False)
+    comm: object = None                  # the Comm they were posted on
 
 
 def exchange(comm: Comm, sends=(), recvs=(), label: str = "") -> Pending:
@@ -132,7 +133,7 @@ def exchange(comm: Comm, sends=(), recvs=(), label: str = "") -> Pending:
     else:                                      # Gloo: straight to the ProcessGroup, in group ranks
         pg = comm.process_group
         works = [pg.send([t], p, 0) if d == "send" else pg.recv([t], p, 0) for d, p, t in posts]
-    return Pending(label, works, items, start)
+    return Pending(label, works, items, start, comm=comm)
 
 
 def _as_bytes(t: torch.Tensor) -> torch.Tensor:

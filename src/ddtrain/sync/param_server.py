@@ -152,9 +152,7 @@ class ServerCore:
     def post_receive(self, comm, worker: int, what: str):
         """Post the receive of ``worker``'s next message; wait for it with ``wait(pending.comm, pending)``."""
         link, peer = self.plan.route(comm, worker, self.rank)
-        pending = exchange(link, recvs=[(peer, self.inbox[worker].buffer)], label=f"{what} from worker")
-        pending.comm = link
-        return pending
+        return exchange(link, recvs=[(peer, self.inbox[worker].buffer)], label=f"{what} from worker")
 
     def send(self, comm, workers, kind: int, label: str) -> None:
         """Send ``kind`` (with the current parameters) to ``workers`` and wait until it has left."""
@@ -211,7 +209,7 @@ def serve_sync(core: ServerCore) -> None:
             core.send(plan.comm(), active, PARAMS, f"parameters {core.version}")
 
 
-def connect_peers(plan, rank: int, device, *, force: bool = False) -> None:
+def connect_peers(plan, rank: int, device) -> None:
     """On NCCL, connect every worker-server pair at once, before the first message.
 
     NCCL sets up a pair's connection at the pair's first transfer, inside the group call that
@@ -219,7 +217,7 @@ def connect_peers(plan, rank: int, device, *, force: bool = False) -> None:
     could wait on each other (seen on 4 H200s: a hang with 2 workers, an NCCL internal error
     with 3). One group call per rank naming all its peers lets NCCL connect them together.
     """
-    if not force and dist.get_backend() != "nccl":
+    if dist.get_backend() != "nccl":
         return
     if plan.pairs is not None:  # each pair's own group, pairs in one global order (no waiting cycle)
         for (w, srv), group in sorted(plan.pairs.items(), key=lambda kv: kv[0]):

@@ -222,7 +222,7 @@ def main() -> int:
               f"GPU-resident  data wait {r['data_wait_share']:.2%} of step time" if r.get("images_per_s") else
               f"  data path {r['path']:<44} failed: {r.get('error')}")
     if args.out:
-        from ddtrain.records import write_json
+        from ddtrain.observe.files import write_json
         write_json(args.out, {"device": name, "torch": torch.__version__, "matmul_tflops": ceiling,
                               "warmup": args.warmup, "steps": args.steps, "repeats": args.repeats,
                               "cases": rows, "data_paths": data_rows})

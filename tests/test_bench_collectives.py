@@ -7,8 +7,8 @@ import sys
 import pytest
 import torch
 
-from ddtrain.bench.collectives import BenchConfig, _pattern, parse_size, parse_sizes
-from ddtrain.bench.collectives_output import COLUMNS
+from ddtrain.bench.collectives import BenchConfig, pattern, parse_size, parse_sizes
+from ddtrain.bench.collectives import COLUMNS
 from ddtrain.errors import DDTrainError
 from multirank import run_ranks
 
@@ -49,11 +49,11 @@ def test_config_is_checked():
                                        if op != "avg" or dtype.is_floating_point])
 def test_the_reference_is_the_single_process_reduction_of_every_ranks_input(op, dtype):
     ranks, count = 5, 31
-    inputs = [_pattern(r, count, dtype, ranks, op, torch.device("cpu"))[0] for r in range(ranks)]
+    inputs = [pattern(r, count, dtype, ranks, op, torch.device("cpu"))[0] for r in range(ranks)]
     stacked = torch.stack([x.double() for x in inputs])
     want = {"sum": stacked.sum(0), "avg": stacked.sum(0) / ranks, "max": stacked.max(0).values,
             "min": stacked.min(0).values}[op]
-    expected = _pattern(0, count, dtype, ranks, op, torch.device("cpu"))[1]
+    expected = pattern(0, count, dtype, ranks, op, torch.device("cpu"))[1]
     assert expected.dtype == dtype
     assert torch.equal(expected, want.to(dtype))
     assert len(set(inputs[0].tolist())) > 1 and not torch.equal(inputs[0], inputs[1])
@@ -78,11 +78,11 @@ def test_every_algorithm_passes_the_check():
 
 def _count_wrong_of_a_broken_reduction():
     """An 'all-reduce' that forgets to reduce must be caught by the checker."""
-    from ddtrain.bench.collectives import _time_calls
+    from ddtrain.bench.collectives import time_calls
     import torch.distributed as dist
     config = BenchConfig(algorithms=["ring"], sizes=[40], iters=2, min_iters=1, warmup=1, budget_s=0.01)
-    inputs, expected = _pattern(dist.get_rank(), 10, torch.float32, 2, "sum", torch.device("cpu"))
-    return _time_calls(lambda work: None, inputs, expected, config, None, torch.device("cpu")).wrong
+    inputs, expected = pattern(dist.get_rank(), 10, torch.float32, 2, "sum", torch.device("cpu"))
+    return time_calls(lambda work: None, inputs, expected, config, None, torch.device("cpu")).wrong
 
 
 def test_wrong_results_are_counted():

@@ -8,7 +8,7 @@ import pytest
 
 from ddtrain import cli
 from ddtrain.bench.scaling import Cell, ScalingConfig, plan, train_argv
-from ddtrain.bench.scaling_output import finish_rows, network_check, pick_median
+from ddtrain.bench.scaling import finish_rows, network_check, pick_median
 from ddtrain.errors import DDTrainError
 
 

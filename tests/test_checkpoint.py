@@ -12,11 +12,11 @@ import torch
 
 from pathlib import Path
 
-from ddtrain import checkpoint
+from ddtrain.reliability import checkpoint
 from ddtrain.config import TrainConfig
 from ddtrain.errors import DDTrainError
-from ddtrain.train import fit
-from ddtrain.train_cli import load_and_build
+from ddtrain.training.loop import fit
+from ddtrain.training.build import load_and_build
 
 os.environ.pop("RANK", None)  # these tests train in this process, a world of one
 

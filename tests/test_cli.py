@@ -45,7 +45,8 @@ def test_help_lists_the_commands(capsys):
 ])
 def test_bad_input_gets_one_clear_message(args, phrases, capsys, monkeypatch):
     """Refused in the launching process, before any worker starts (in-process: no spawn cost)."""
-    from ddtrain import cli, launch
+    from ddtrain import cli
+    from ddtrain.dist import launch
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(launch, "run_local", lambda *a, **k: pytest.fail("workers were started"))
     code = cli.main(["train", *args])

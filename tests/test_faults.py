@@ -12,10 +12,15 @@ import torch
 
 from multirank import RankError, run_ranks
 
-from ddtrain import checkpoint, cli, comm, faults, guard, launch, stall
+from ddtrain import cli, comm
+from ddtrain.reliability import checkpoint
+from ddtrain.reliability import faults
+from ddtrain.reliability import guard
+from ddtrain.dist import launch
+from ddtrain.reliability import stall
 from ddtrain.config import TrainConfig
 from ddtrain.errors import DDTrainError
-from ddtrain.train_cli import load_and_build
+from ddtrain.training.build import load_and_build
 
 os.environ.pop("RANK", None)
 KILLED = dict(model="mlp", data="digits", epochs=2, batch_size=32, lr=0.05, momentum=0.9, seed=1)
@@ -29,7 +34,7 @@ def ddtrain_env(**extra):
 
 def reference_on_rank():
     """The uninterrupted run, on this pool's 2 ranks, with the settings the CLI run gets."""
-    from ddtrain.train import fit
+    from ddtrain.training.loop import fit
     config = TrainConfig(**KILLED, quiet=True)
     data, model = load_and_build(config)
     fit(model, data, config)
@@ -112,7 +117,7 @@ def test_a_skipped_hand_written_collective_names_operation_step_and_peer():
 
 
 def test_a_nonfinite_loss_stops_naming_step_and_rank():
-    from ddtrain.train import fit
+    from ddtrain.training.loop import fit
     config = TrainConfig(model="mlp", data="digits", batch_size=64, steps=5, quiet=True)
     data, model = load_and_build(config)
     faults._fault = faults._parse("rank=0,step=3,kind=nan")

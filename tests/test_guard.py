@@ -5,7 +5,8 @@ import torch
 
 from multirank import run_ranks
 
-from ddtrain import faults, guard
+from ddtrain.reliability import faults
+from ddtrain.reliability import guard
 from ddtrain.config import TrainConfig
 from ddtrain.errors import DDTrainError
 
@@ -16,8 +17,8 @@ BASE = dict(model="mlp", data="digits", batch_size=32, lr=0.05, seed=0, steps=6,
 def fit_on_rank(per_rank: dict, fault: str | None = None):
     """Train with this rank's settings (``per_rank[rank]`` overrides BASE); the record and parameters."""
     import torch.distributed as dist
-    from ddtrain.train import fit
-    from ddtrain.train_cli import load_and_build
+    from ddtrain.training.loop import fit
+    from ddtrain.training.build import load_and_build
     rank = dist.get_rank()
     config = TrainConfig(**{**BASE, **per_rank.get(rank, {})})
     data, model = load_and_build(config)

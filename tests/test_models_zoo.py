@@ -12,7 +12,7 @@ import torch.nn as nn
 
 from ddtrain.errors import DDTrainError
 from ddtrain.models import MODELS, build_model, model_summary, parameter_count
-from ddtrain.models.flops import (REFERENCE_INPUTS, count_flops, format_table, main,
+from ddtrain.models.flops import (REFERENCE_INPUTS, count_flops, format_table,
                                   reference_table)
 
 
@@ -248,5 +248,6 @@ def test_reference_table_covers_every_model_and_prints(capsys):
     assert rows[0]["flops_per_sample"] == count_flops(meta_model("simple-cnn", 10, 1, 28), (1, 28, 28))
     assert rows[1]["input"] == "97x192x192" and rows[1]["flops_per_sample"] > 0
     assert format_table(rows).count("\n") == len(rows) + 2
-    assert main(["resnet50v2", "--input", "3x128x128", "--classes", "10"]) == 0
+    from ddtrain import cli
+    assert cli.main(["model", "flops", "resnet50v2", "--input", "3x128x128", "--classes", "10"]) == 0
     assert "resnet50v2" in capsys.readouterr().out

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddtrain import monitor
+from ddtrain.observe import monitor, net_interfaces
 from ddtrain.comm import traffic
 
 HERE = Path(__file__).parent
@@ -27,16 +27,16 @@ NET_DEV = """Inter-|   Receive                                                | 
 def test_read_net_dev_takes_bytes_and_packets_both_ways(tmp_path):
     path = tmp_path / "dev"
     path.write_text(NET_DEV)
-    counters = monitor.read_net_dev(str(path))
-    assert counters["eth0"] == monitor.NetCounters(rx_bytes=5555, rx_packets=7, tx_bytes=222, tx_packets=3)
+    counters = net_interfaces.read_net_dev(str(path))
+    assert counters["eth0"] == net_interfaces.NetCounters(rx_bytes=5555, rx_packets=7, tx_bytes=222, tx_packets=3)
     assert counters["lo"].tx_bytes == 1000
-    assert monitor.read_net_dev(str(tmp_path / "missing")) == {}
+    assert net_interfaces.read_net_dev(str(tmp_path / "missing")) == {}
 
 
 def test_addresses_in_proc_net_tcp_are_decoded():
-    assert monitor._decode("0100007F") == "127.0.0.1"
-    assert monitor._decode("0000000000000000FFFF00000100007F") == "127.0.0.1"   # IPv4-mapped IPv6
-    assert monitor._decode("00000000000000000000000001000000") == "::1"
+    assert net_interfaces._decode("0100007F") == "127.0.0.1"
+    assert net_interfaces._decode("0000000000000000FFFF00000100007F") == "127.0.0.1"   # IPv4-mapped IPv6
+    assert net_interfaces._decode("00000000000000000000000001000000") == "::1"
 
 
 def test_the_interface_of_our_own_tcp_connection_is_found():
@@ -46,9 +46,9 @@ def test_the_interface_of_our_own_tcp_connection_is_found():
     client = socket.create_connection(server.getsockname())
     peer, _ = server.accept()
     try:
-        assert "127.0.0.1" in monitor.connected_local_addresses()
-        assert monitor.interfaces_in_use(env={}) == ["lo"]
-        assert monitor.interfaces_in_use(env={"GLOO_SOCKET_IFNAME": "eth7,eth8"}) == ["eth7", "eth8"]
+        assert "127.0.0.1" in net_interfaces.connected_local_addresses()
+        assert net_interfaces.interfaces_in_use(env={}) == ["lo"]
+        assert net_interfaces.interfaces_in_use(env={"GLOO_SOCKET_IFNAME": "eth7,eth8"}) == ["eth7", "eth8"]
     finally:
         for s in (client, peer, server):
             s.close()
@@ -84,11 +84,11 @@ def lo_traffic(numel: int, calls: int):
     """On each rank: ring all-reduces of ``numel`` floats; lo's byte counter and ours around them."""
     import torch
     from ddtrain.comm import all_reduce
-    interfaces = monitor.interfaces_in_use()
-    before_net, before_ours = monitor.read_net_dev()["lo"], traffic.snapshot()
+    interfaces = net_interfaces.interfaces_in_use()
+    before_net, before_ours = net_interfaces.read_net_dev()["lo"], traffic.snapshot()
     for _ in range(calls):
         all_reduce(torch.ones(numel), algorithm="ring")
-    after_net, after_ours = monitor.read_net_dev()["lo"], traffic.snapshot()
+    after_net, after_ours = net_interfaces.read_net_dev()["lo"], traffic.snapshot()
     return {"interfaces": interfaces, "lo_tx": after_net.tx_bytes - before_net.tx_bytes,
             "lo_rx": after_net.rx_bytes - before_net.rx_bytes,
             "ours_sent": after_ours.bytes_sent - before_ours.bytes_sent}

@@ -9,15 +9,16 @@ import subprocess
 import pytest
 import torch
 
-from ddtrain import TrainConfig, fit, records
-from ddtrain.bench.profiler import Profiler
+from ddtrain import TrainConfig, fit
+from ddtrain.observe import files
+from ddtrain.observe.profiler import Profiler
 from ddtrain.bench.scaling import Cell, ScalingConfig
-from ddtrain.bench.scaling_output import cell_row, finish_rows
+from ddtrain.bench.scaling import cell_row, finish_rows
 from ddtrain.data import Data
 from ddtrain.data.arrays import ArrayDataset
 from ddtrain.errors import DDTrainError
 from ddtrain.models import build_model
-from ddtrain.report import build
+from ddtrain.report.build import build
 from multirank import run_ranks
 
 PIL = pytest.importorskip("PIL.Image")
@@ -37,7 +38,7 @@ def profiled_run(out_path):
 def collectives(path):
     import torch.distributed as dist
     from ddtrain.bench.collectives import BenchConfig, run_bench
-    from ddtrain.bench.collectives_output import write_outputs
+    from ddtrain.bench.collectives import write_outputs
     result = run_bench(BenchConfig(algorithms=["native", "ring"], sizes=[4096, 65536], iters=3,
                                    min_iters=2, warmup=1, budget_s=0.05, calibration_s=1.0))
     if dist.get_rank() == 0:
@@ -64,7 +65,7 @@ def results(tmp_path_factory):
         rows.append(cell_row(config, cell, {"exit_code": 0, "timed_out": False, "wall_s": 1.0, "log": str(log)},
                              path, root / "bench"))
     finish_rows(rows)
-    records.write_json(root / "bench" / "scaling.json", {"kind": "ddtrain-bench-scaling", "cores": 2,
+    files.write_json(root / "bench" / "scaling.json", {"kind": "ddtrain-bench-scaling", "cores": 2,
                                                          "config": vars(config), "elapsed_s": 1.0, "cells": rows})
     shutil.copy(cells / "ddp-w2-b32-lw0-off.json", root / "run.json")     # a loose train record too
     run_ranks(collectives, 2, str(root / "collectives.json"))

@@ -1,7 +1,7 @@
 import pytest
 
 from ddtrain.errors import DDTrainError
-from ddtrain.runtime import detect_env, first_slurm_host
+from ddtrain.dist.env import detect_env, first_slurm_host
 
 
 def test_plain_process_is_a_world_of_one():

@@ -22,7 +22,7 @@ from ddtrain import TrainConfig, fit
 from ddtrain.data import load_dataset
 from ddtrain.data.loading import steps_per_epoch
 from ddtrain.models import build_model
-from ddtrain.sync.ps_async import feasible
+from ddtrain.sync.ps.serve_async import feasible
 from multirank import run_ranks
 
 WORLD = 4              # 3 workers + 1 server

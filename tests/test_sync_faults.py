@@ -12,8 +12,10 @@ import time
 
 import pytest
 
-from ddtrain import TrainConfig, faults, fit, runtime
-from ddtrain.sync.param_server import WORKER_MARGIN_S
+from ddtrain import TrainConfig, fit
+from ddtrain.reliability import faults
+from ddtrain.dist import runtime
+from ddtrain.sync.ps.server import WORKER_MARGIN_S
 from multirank import RankError, run_ranks
 from test_train_equivalence import _data, _model
 

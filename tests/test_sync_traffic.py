@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from ddtrain import costmodel
 from ddtrain.sync import SyncOptions, wrap
-from ddtrain.sync.ps_messages import HEADER_BYTES
+from ddtrain.sync.ps.protocol import HEADER_BYTES
 from multirank import run_ranks
 
 WORLD = 4

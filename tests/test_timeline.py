@@ -6,8 +6,8 @@ import time
 import torch
 
 from ddtrain import TrainConfig, fit
-from ddtrain.bench import timeline
-from ddtrain.bench.profiler import Profiler, split_steps
+from ddtrain.observe import timeline
+from ddtrain.observe.profiler import Profiler, split_steps
 from ddtrain.data import Data
 from ddtrain.data.arrays import ArrayDataset
 from ddtrain.models import build_model

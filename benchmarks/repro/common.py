@@ -69,12 +69,12 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
 
 
 def write_json(path: Path, data) -> None:
-    from ddtrain.records import write_json as _write
+    from ddtrain.observe.files import write_json as _write
     _write(path, data)
 
 
 def write_text(path: Path, text: str) -> None:
-    from ddtrain.records import atomic_write
+    from ddtrain.observe.files import atomic_write
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
@@ -107,7 +107,7 @@ def run_training_cells(cluster, config, cells, out: Path, link: str, clock: Cloc
     ``ps-*`` cells put their server (the last rank) on the last of their nodes.
     """
     from ddtrain.bench.scaling import train_argv
-    from ddtrain.bench.scaling_output import cell_row
+    from ddtrain.bench.scaling import cell_row
 
     rows = []
     for cell in cells:
@@ -131,7 +131,7 @@ def write_results(out: Path, result: dict, doc: str, summary: dict, text: str, *
                   clock: Clock, started: float) -> None:
     """What every reproduction ends with: ``scaling.json``/``.txt`` as ``bench scaling`` writes them,
     the document's summary (``DOC.json``) and Markdown (``DOC.md``), both printed, then ``ddtrain report``."""
-    from ddtrain.bench.scaling_output import render
+    from ddtrain.bench.scaling import render
     write_json(out / "scaling.json", result)
     write_text(out / "scaling.txt", render(result) + "\n")
     write_json(out / f"{doc}.json", summary)

@@ -51,7 +51,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     from ddtrain.bench.scaling import ScalingConfig, check, plan
-    from ddtrain.bench.scaling_output import finish_rows
+    from ddtrain.bench.scaling import finish_rows
     from ddtrain.cluster import emulated_cluster
     from ddtrain.cluster.netns import parse_rate
 

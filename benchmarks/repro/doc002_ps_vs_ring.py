@@ -59,7 +59,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     from ddtrain.bench.scaling import Cell, ScalingConfig, check, plan
-    from ddtrain.bench.scaling_output import finish_rows
+    from ddtrain.bench.scaling import finish_rows
     from ddtrain.cluster import emulated_cluster
     from ddtrain.cluster.netns import parse_rate
 
@@ -114,7 +114,8 @@ def compute_only(model: str, data: str, model_args: list[str], batch_size: int, 
     import torch
 
     from ddtrain.config import TrainConfig
-    from ddtrain.train_cli import load_and_build, parse_kv
+    from ddtrain.config import parse_kv
+    from ddtrain.training.build import load_and_build
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -282,7 +283,7 @@ def statistics_mean(values):
 
 
 def _save(fig, path: Path) -> None:
-    from ddtrain.records import atomic_write
+    from ddtrain.observe.files import atomic_write
     import matplotlib.pyplot as plt
     atomic_write(path, lambda tmp: fig.savefig(tmp, format="png", dpi=110))
     plt.close(fig)

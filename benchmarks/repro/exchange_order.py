@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     p.add_argument("--patterns", default="pair,ring")
     p.add_argument("--json", default=None, help="also write the rows as JSON (rank 0)")
     args = p.parse_args(argv)
-    from ddtrain import runtime
+    from ddtrain.dist import runtime
     from ddtrain.cluster import link_rate_bps
 
     runtime.init(backend="gloo")
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
             frac = f"{r['of_link']:8.3f}" if r["of_link"] else f"{'':8}"
             print(f"  {r['pattern']:>7} {r['mode']:>12} {r['time_s']:8.4f} {r['Mbit_per_s']:9.2f} {frac}", flush=True)
         if args.json:
-            from ddtrain.records import write_json
+            from ddtrain.observe.files import write_json
             write_json(args.json, {"rows": rows, "link_bps": link})
         else:
             print("exchange_order_json " + json.dumps(rows), flush=True)

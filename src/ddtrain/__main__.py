@@ -1,8 +1,8 @@
 import os
 import sys
 
-from .cli import main
-from .launch import inside_launcher
+from ddtrain.cli import main
+from ddtrain.dist.launch import inside_launcher
 
 code = main()
 if inside_launcher():

@@ -3,7 +3,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from .errors import DDTrainError
+import ast
+
+from ddtrain.errors import DDTrainError
 
 AMP_MODES = ("off", "bf16", "fp16")
 OPTIMIZERS = ("sgd", "adam")
@@ -41,7 +43,7 @@ class TrainConfig:
     quiet: bool = False                    # no per-epoch lines or progress bar
     out: str | None = None                 # results record (JSON)
     save: str | None = None                # final model (.pt state dict or .safetensors)
-    checkpoint_dir: str | None = None      # where checkpoints go (rank 0 writes, see ddtrain.checkpoint)
+    checkpoint_dir: str | None = None      # where checkpoints go (rank 0 writes, see ddtrain.reliability.checkpoint)
     checkpoint_every: int = 0              # steps between checkpoints (0: at every epoch end)
     keep: int = 3                          # checkpoints kept; older ones are deleted
     resume: bool = False                   # continue from the newest whole checkpoint in checkpoint_dir
@@ -104,3 +106,18 @@ class TrainConfig:
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+
+def parse_kv(items: list[str], flag: str) -> dict:
+    """``["hidden=256,128", "dropout=0"]`` -> ``{"hidden": (256, 128), "dropout": 0}``."""
+    out = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key:
+            raise DDTrainError(f"{flag} takes KEY=VALUE, got {item!r}")
+        try:
+            value = ast.literal_eval(raw)
+        except (ValueError, SyntaxError):
+            value = raw  # a bare word stays a string
+        out[key.replace("-", "_")] = value
+    return out

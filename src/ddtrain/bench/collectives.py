@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -22,11 +23,10 @@ from dataclasses import asdict, dataclass
 import torch
 import torch.distributed as dist
 
-from .. import launch, runtime
-from ..costmodel import LinkParams, bus_bandwidth_factor, predict_time
-from ..errors import DDTrainError, choice_error
-from .collectives_output import check_plot_available, render, summarize, write_outputs
-from .collectives_timing import Timing, pattern as _pattern, time_calls as _time_calls
+from ddtrain.bench.tables import fmt, render_table
+from ddtrain.costmodel import LinkParams, bus_bandwidth_factor, predict_time
+from ddtrain.dist import runtime
+from ddtrain.errors import DDTrainError, choice_error
 
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
@@ -98,78 +98,17 @@ def parse_sizes(text: str, element_size: int) -> list[int]:
     return sizes
 
 
-def add_arguments(parser) -> None:
-    parser.add_argument("--algorithms", default="all", metavar="NAME[,NAME...]",
-                        help="all-reduce algorithms to time, comma-separated; 'all' = every one in ddtrain.comm.ALGORITHMS")
-    parser.add_argument("--sizes", default="1K:16M", metavar="MIN:MAX",
-                        help="message sizes in bytes, doubling from MIN to MAX; K, M, G = 1024, 1024², 1024³")
-    parser.add_argument("--nproc", type=int, default=2,
-                        help="local ranks to start (ignored under a launcher; 1 rank measures nothing)")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="element type")
-    parser.add_argument("--op", default="sum", choices=BENCH_OPS, help="reduction")
-    parser.add_argument("--iters", type=int, default=20, help="most timed calls per size and algorithm")
-    parser.add_argument("--min-iters", type=int, default=3, help="fewest timed calls per size and algorithm")
-    parser.add_argument("--warmup", type=int, default=5, help="most untimed calls before timing")
-    parser.add_argument("--budget-s", type=float, default=0.6,
-                        help="seconds of timed calls per size and algorithm: large messages get fewer calls")
-    parser.add_argument("--calibration-s", type=float, default=4.0,
-                        help="seconds the alpha-beta-gamma calibration may take, roughly")
-    parser.add_argument("--no-calibrate", action="store_true",
-                        help="skip the alpha-beta-gamma calibration (no predicted column)")
-    parser.add_argument("--json", metavar="FILE", help="write every number as JSON to FILE")
-    parser.add_argument("--plot", metavar="FILE", help="write a PNG of busbw (and predicted) against size")
-    parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
-                        help="process-group backend; auto: NCCL when every local rank has a GPU, else Gloo")
-    parser.add_argument("--timeout", type=float, default=300.0, help="seconds any one wait may take")
 
 
-def config_from_args(args) -> BenchConfig:
-    from ..comm import ALGORITHMS
-
-    names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-    if names == ["all"]:
-        names = list(ALGORITHMS)
-    for name in names:
-        if name not in ALGORITHMS:
-            raise choice_error("algorithm", name, ALGORITHMS)
-    if args.dtype not in DTYPES:
-        raise choice_error("dtype", args.dtype, DTYPES)
-    element_size = torch.empty((), dtype=DTYPES[args.dtype]).element_size()
-    return BenchConfig(algorithms=names, sizes=parse_sizes(args.sizes, element_size), dtype=args.dtype,
-                       op=args.op, iters=args.iters, min_iters=args.min_iters, warmup=args.warmup,
-                       budget_s=args.budget_s, calibrate=not args.no_calibrate,
-                       calibration_s=args.calibration_s)
 
 
-def main(args) -> int:
-    config = config_from_args(args)
-    if args.plot:
-        check_plot_available()
-    if args.timeout <= 0:
-        raise DDTrainError(f"--timeout must be positive, got {args.timeout}")
-    if not launch.inside_launcher():
-        if args.nproc < 1:
-            raise DDTrainError(f"--nproc must be at least 1, got {args.nproc}")
-        argv = ["bench", "collectives", *launch.strip_option(args.argv, "--nproc")]
-        return launch.run_local(args.nproc, argv, env={"DDTRAIN_TIMEOUT_S": str(args.timeout)})
-    runtime.init(backend=None if args.backend == "auto" else args.backend, timeout_s=args.timeout)
-    try:
-        result = run_bench(config)
-        if runtime.rank() == 0:
-            print(render(result), flush=True)
-            for line in link_lines(result):
-                print(line, flush=True)
-            write_outputs(result, json_path=args.json, plot_path=args.plot)
-    finally:
-        runtime.shutdown()
-    return 0
 
 
 def run_bench(config: BenchConfig, group=None) -> dict:
     """Calibrate, then time every (size, algorithm); call on every rank. Same result everywhere."""
-    from ..comm import all_reduce
-    from ..costmodel import calibrate
-    from ..costmodel.calibration import exchange_time
+    from ddtrain.comm import all_reduce
+    from ddtrain.costmodel import calibrate
+    from ddtrain.costmodel.calibration import exchange_time
 
     start = time.perf_counter()
     host = {"cpus": os.cpu_count(), "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None}
@@ -191,11 +130,11 @@ def run_bench(config: BenchConfig, group=None) -> dict:
     rows = []
     for done, size in enumerate(config.sizes, 1):
         count = size // torch.empty((), dtype=dtype).element_size()
-        inputs, expected = _pattern(rank, count, dtype, ranks, config.op, device)
+        inputs, expected = pattern(rank, count, dtype, ranks, config.op, device)
         for algorithm in config.algorithms:
             def call(work, algorithm=algorithm):
                 all_reduce(work, algorithm=algorithm, op=config.op, group=group)
-            timing = _time_calls(call, inputs, expected, config, group, device)
+            timing = time_calls(call, inputs, expected, config, group, device)
             rows.append(_row(size, count, config.dtype, algorithm, timing, ranks,
                              calibration.params if calibration else None))
         _progress(rank, f"# {done}/{len(config.sizes)} sizes done (up to {size} B), "
@@ -218,7 +157,7 @@ def run_bench(config: BenchConfig, group=None) -> dict:
 
 def _add_link_fractions(result: dict) -> None:
     """Inside ``ddtrain cluster run`` (DDTRAIN_LINK_BPS set): busbw as a fraction of the emulated link."""
-    from ..cluster import link_fraction, link_rate_bps
+    from ddtrain.cluster import link_fraction, link_rate_bps
 
     link = link_rate_bps()
     if not link:
@@ -257,3 +196,236 @@ def _row(size, count, type_name, algorithm, timing: Timing, ranks, params: LinkP
 def _progress(rank: int, message: str) -> None:
     if rank == 0:
         print(message, file=sys.stderr, flush=True)
+
+
+def pattern(rank, count, dtype, ranks, op, device):
+    """This rank's input and the exact expected result, built on ``device``.
+
+    Rank r holds ((i + 3r) mod 9) − 4 at index i: small integers, so every sum, average and
+    extremum is exact in every dtype and any order of reduction gives the same bits. The
+    reference combines all ranks' patterns in one process, in integers, before the cast.
+    """
+    index = torch.arange(count, dtype=torch.int32 if count < 2**31 - 64 else torch.int64, device=device)
+
+    def of(r):
+        return (index + 3 * r) % 9 - 4
+
+    mine = of(rank).to(dtype)
+    acc = of(0)
+    for r in range(1, ranks):
+        other = of(r)
+        acc = acc + other if op in ("sum", "avg") else (torch.maximum(acc, other) if op == "max"
+                                                        else torch.minimum(acc, other))
+    del index
+    expected = acc.to(dtype)
+    if op == "avg":
+        expected = expected / ranks
+    return mine, expected
+
+
+@dataclass
+class Timing:
+    """One (size, algorithm) cell: what ``time_calls`` measured."""
+
+    seconds: float        # median over timed calls of the slowest rank's time
+    iters: int            # timed calls
+    wrong: int            # elements differing from the reference, summed over ranks
+    cpu_cores: float      # median over calls of (CPU seconds of all ranks) / (call time)
+    samples_s: list       # every timed call's time (slowest rank), in order
+
+
+def time_calls(call, inputs, expected, config: BenchConfig, group, device) -> Timing:
+    """Warm up, time adaptively many calls, check the last result against ``expected``."""
+    work = torch.empty_like(inputs)
+
+    def once() -> tuple[float, float]:
+        work.copy_(inputs)
+        _sync(device)
+        if dist.is_initialized():
+            dist.barrier(group)
+        t0, c0 = time.perf_counter(), time.process_time()   # process time: all threads, user + system
+        call(work)
+        _sync(device)
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    first = once()
+    probe = _reduce([first[0]], group, device, "max")[0]   # the first call: untimed unless --warmup 0
+    timed = [] if config.warmup else [first]
+    for _ in range(min(config.warmup - 1, int(config.budget_s / 4 / max(probe, 1e-9)))):
+        once()
+    iters = int(max(config.min_iters, min(config.iters, config.budget_s / max(probe, 1e-9))))
+    timed += [once() for _ in range(iters - len(timed))]
+    walls = _reduce([w for w, _ in timed], group, device, "max")   # per call, the slowest rank
+    cpus = _reduce([c for _, c in timed], group, device, "sum")    # per call, all ranks together
+    wrong = _reduce([float((work != expected).sum())], group, device, "sum")[0]
+    return Timing(seconds=statistics.median(walls), iters=iters, wrong=int(wrong),
+                  cpu_cores=statistics.median(c / w for c, w in zip(cpus, walls) if w > 0), samples_s=walls)
+
+
+def _reduce(values, group, device, op: str) -> list[float]:
+    """Element-wise max or sum over the group's ranks (identity in a world of one)."""
+    if not dist.is_initialized() or dist.get_world_size(group) == 1:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=_collective_device(group, device))
+    dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM, group=group)
+    return t.tolist()
+
+
+def _collective_device(group, device):
+    return device if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+COLUMNS = [("size", "(B)"), ("count", "(elements)"), ("type", ""), ("algorithm", ""),
+           ("time", "(us)"), ("algbw", "(GB/s)"), ("busbw", "(GB/s)"), ("predicted", "(us)"),
+           ("error", "(%)"), ("#wrong", ""), ("iters", ""), ("cpu", "(cores)")]
+RATIO_MIN_BYTES = 16 << 20    # "large" messages: where busbw is compared with native
+ERROR_MIN_BYTES = 1 << 20     # where the model's error is summarised
+PLOT_EXTRA = "pip install 'ddtrain[report]'"
+
+
+def summarize(result: dict) -> dict:
+    """Per algorithm: mean busbw, busbw / native's at large sizes, model error at >= 1 MiB."""
+    rows = result["rows"]
+    algorithms = list(dict.fromkeys(r["algorithm"] for r in rows))
+    native = {r["size_bytes"]: r["busbw_GBps"] for r in rows if r["algorithm"] == "native"}
+    summary = {"wrong_total": sum(r["wrong"] for r in rows), "avg_busbw_GBps": {},
+               "busbw_ratio_to_native": {}, "prediction_error_pct": {}}
+    for name in algorithms:
+        mine = [r for r in rows if r["algorithm"] == name]
+        summary["avg_busbw_GBps"][name] = statistics.fmean(r["busbw_GBps"] for r in mine)
+        if native and name != "native":
+            ratios = {r["size_bytes"]: r["busbw_GBps"] / native[r["size_bytes"]] for r in mine
+                      if r["size_bytes"] >= RATIO_MIN_BYTES and native.get(r["size_bytes"])}
+            if ratios:
+                summary["busbw_ratio_to_native"][name] = ratios
+        errors = [abs(r["error_pct"]) for r in mine
+                  if r["size_bytes"] >= ERROR_MIN_BYTES and r["error_pct"] is not None]
+        if errors:
+            summary["prediction_error_pct"][name] = {"median_abs": statistics.median(errors),
+                                                     "max_abs": max(errors), "sizes": len(errors)}
+    return summary
+
+
+def render(result: dict) -> str:
+    """The whole printout: '#' header lines, the table, '#' summary lines."""
+    config = result["config"]
+    lines = [f"# ddtrain bench collectives: all-reduce, op {config['op']}, {result['world_size']} ranks, "
+             f"backend {result['backend']}, device {result['device']}",
+             f"# host: {result.get('host', {}).get('cpus', '?')} CPUs, load average "
+             f"{result.get('host', {}).get('load_average', '?')} (1 min) at the start",
+             "# time: median over timed calls of the slowest rank's time per call (a barrier before each call)",
+             "# busbw = algbw * 2(n-1)/n; predicted: alpha-beta-gamma model; error = (predicted - time) / time",
+             "# cpu: CPU time of all ranks together per call / the call's time (cores kept busy)",
+             *_calibration_lines(result.get("calibration")), "#"]
+    body = [[str(r["size_bytes"]), str(r["count"]), r["type"], r["algorithm"], fmt(r["time_us"], 1),
+             fmt(r["algbw_GBps"], 3), fmt(r["busbw_GBps"], 3), fmt(r["predicted_us"], 1),
+             fmt(r["error_pct"], 1), str(r["wrong"]), str(r["iters"]), fmt(r["cpu_cores"], 2)]
+            for r in result["rows"]]
+    lines += render_table(COLUMNS, body)
+    summary = result["summary"]
+    lines.append("#")
+    lines.append("# Avg bus bandwidth (GB/s): " + ", ".join(
+        f"{name} {value:.3f}" for name, value in summary["avg_busbw_GBps"].items()))
+    for name, ratios in summary["busbw_ratio_to_native"].items():
+        lines.append(f"# busbw / native busbw, {name}: " + ", ".join(
+            f"{_size_name(size)} {ratio:.2f}" for size, ratio in ratios.items()))
+    for name, err in summary["prediction_error_pct"].items():
+        lines.append(f"# model |error| at >= 1 MiB, {name}: median {err['median_abs']:.1f}%, "
+                     f"max {err['max_abs']:.1f}% over {err['sizes']} sizes")
+    lines += _drift_line(result.get("calibration_drift"))
+    lines.append(f"# #wrong total: {summary['wrong_total']}   elapsed: {result['elapsed_s']:.1f} s")
+    return "\n".join(lines)
+
+
+def _calibration_lines(calibration: dict | None) -> list[str]:
+    if calibration is None:
+        return ["# calibration: skipped (--no-calibrate), no predictions"]
+    p = calibration["params"]
+    out = [f"# calibration ({calibration['elapsed_s']:.1f} s): alpha {p['alpha_us']:.1f} us, "
+           f"beta {p['beta_s_per_byte'] * 1e9:.3f} ns/B ({_gbps(p['beta_s_per_byte'])} GB/s), "
+           f"gamma {p['gamma_s_per_byte'] * 1e9:.3f} ns/B ({_gbps(p['gamma_s_per_byte'])} GB/s)"]
+    if calibration.get("exchange"):
+        out.append(f"#   alpha, beta from pairwise exchange, all ranks at once "
+                   f"(fit max residual {100 * calibration['exchange']['max_rel_residual']:.0f}%); "
+                   f"gamma from a local add on every rank at once")
+    for key, label in (("ring", "reference ring-neighbour exchange, all ranks"),
+                       ("pingpong", "reference ping-pong, ranks 0-1 alone")):
+        if calibration.get(key):
+            fit = calibration[key]
+            out.append(f"#   {label}: alpha {fit['alpha_s'] * 1e6:.1f} us, beta "
+                       f"{fit['beta_s_per_byte'] * 1e9:.3f} ns/B ({_gbps(fit['beta_s_per_byte'])} GB/s)")
+    if calibration.get("copy"):
+        out.append(f"#   reference local copy on every rank at once: {_gbps(calibration['copy']['beta_s_per_byte'])} GB/s")
+    return out + [f"#   {note}" for note in calibration.get("notes", [])]
+
+
+def _drift_line(drift: dict | None) -> list[str]:
+    """The calibration's largest exchange at the start and again at the end of the run."""
+    if not drift or not drift["start_s"]:
+        return []
+    return [f"# load drift: the {_size_name(drift['size_bytes'])} exchange took {drift['start_s'] * 1e3:.2f} ms "
+            f"at the start, {drift['end_s'] * 1e3:.2f} ms at the end "
+            f"({drift['end_s'] / drift['start_s']:.2f}x; predictions use the start)"]
+
+
+def _gbps(seconds_per_byte: float) -> str:
+    return f"{1e-9 / seconds_per_byte:.2f}" if seconds_per_byte > 0 else "inf"
+
+
+def _size_name(size: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return f"{size}B"
+
+
+def check_plot_available() -> None:
+    """Fail before any measurement if --plot cannot be honoured."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise DDTrainError(f"--plot needs matplotlib, which is not installed: {PLOT_EXTRA}") from None
+
+
+def write_outputs(result: dict, *, json_path=None, plot_path=None) -> None:
+    """JSON and PNG, each written atomically (rank 0 only)."""
+    from ddtrain.observe.files import atomic_write, write_json
+
+    if json_path:
+        write_json(json_path, result)
+    if plot_path:
+        atomic_write(plot_path, lambda tmp: plot_busbw(result, tmp))
+
+
+def plot_busbw(result: dict, path) -> None:
+    """busbw against size, log-log: one solid line per algorithm, its prediction dashed."""
+    check_plot_available()
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(8, 5))
+    for i, name in enumerate(dict.fromkeys(r["algorithm"] for r in result["rows"])):
+        rows = [r for r in result["rows"] if r["algorithm"] == name]
+        color = f"C{i}"
+        axes.plot([r["size_bytes"] for r in rows], [r["busbw_GBps"] for r in rows], "o-", color=color, label=name)
+        predicted = [(r["size_bytes"], r["busbw_GBps"] * r["time_us"] / r["predicted_us"])
+                     for r in rows if r["predicted_us"]]
+        if predicted:
+            axes.plot(*zip(*predicted), "--", color=color, alpha=0.7, label=f"{name} (model)")
+    axes.set_xscale("log", base=2)
+    axes.set_yscale("log")
+    axes.set_xlabel("message size (bytes)")
+    axes.set_ylabel("bus bandwidth (GB/s)")
+    axes.set_title(f"all-reduce {result['config']['op']}, {result['world_size']} ranks, "
+                   f"{result['backend']} on {result['device']}")
+    axes.grid(True, which="both", alpha=0.3)
+    axes.legend(fontsize="small", ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, format="png", dpi=120)
+    plt.close(figure)

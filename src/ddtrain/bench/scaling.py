@@ -5,7 +5,7 @@
     ddtrain report results/
 
 One fresh launch per cell (strategy x workers x batch size x loader workers x precision): a new
-Python process runs ``ddtrain.launch.run_local`` of ``ddtrain train ... --profile`` (so every
+Python process runs ``ddtrain.dist.launch.run_local`` of ``ddtrain train ... --profile`` (so every
 cell starts cold, with its own process group and thread settings), writes its results record
 to ``DIR/cells/<cell>.json`` and its output to ``<cell>.log``. ``--warmup-steps`` steps run
 first and are left out of every time. Workers are the ranks that train on data; ``ps-*``
@@ -15,15 +15,18 @@ them ("ddtrain bench scaling").
 """
 from __future__ import annotations
 
+import json
+import math
 import os
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-from ..errors import DDTrainError, choice_error
-from .cells import Progress, loadavg, run_cell
-from .scaling_output import cell_row, finish_rows, pick_median, render
+from ddtrain.bench.cells import Progress, loadavg, run_cell
+from ddtrain.bench.tables import fmt, render_table
+from ddtrain.errors import DDTrainError, choice_error
 
 
 
@@ -104,45 +107,8 @@ def _ints(text: str, flag: str) -> list[int]:
         raise DDTrainError(f"{flag} takes comma-separated integers, got {text!r}") from None
 
 
-def add_arguments(p) -> None:
-    p.add_argument("--model", default="simple-cnn", help="model name (see ddtrain.models.MODELS)")
-    p.add_argument("--model-arg", action="append", default=[], metavar="KEY=VALUE", help="model option")
-    p.add_argument("--data", default="synthetic:mnist", help="data spec (see ddtrain.data)")
-    p.add_argument("--data-arg", action="append", default=[], metavar="KEY=VALUE", help="data option")
-    p.add_argument("--strategies", default="ddp", help="comma-separated strategies (ddtrain.sync.STRATEGIES)")
-    p.add_argument("--workers", default="1,2,4", help="comma-separated worker counts (ps-*: servers come on top)")
-    p.add_argument("--batch-sizes", default="32", help="comma-separated per-worker batch sizes")
-    p.add_argument("--loader-workers", default="0", help="comma-separated DataLoader processes per rank")
-    p.add_argument("--amp", default="off", help="comma-separated precisions: off, bf16, fp16")
-    p.add_argument("--channels-last", action="store_true", help="NHWC memory layout in every cell")
-    p.add_argument("--steps", type=int, default=None, help="timed steps per cell, after the warm-up (None: 30, or 0 with --epochs)")
-    p.add_argument("--epochs", type=int, default=0, help="whole epochs per cell instead of --steps")
-    p.add_argument("--warmup-steps", type=int, default=5, help="steps run first and left out of every time")
-    p.add_argument("--servers", type=int, default=1, help="parameter-server ranks of ps-* strategies")
-    p.add_argument("--sync-every", default="1", help="hybrid/local-sgd: steps between parameter syncs, or 'epoch'")
-    p.add_argument("--lr", type=float, default=0.01, help="learning rate")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--trace", action="store_true", help="also write a Chrome trace per cell (cells/<cell>.trace.json)")
-    p.add_argument("--no-monitor", action="store_true", help="do not sample CPU/GPU/network while cells run")
-    p.add_argument("--monitor-every", type=float, default=0.5, metavar="SECONDS", help="seconds between samples")
-    p.add_argument("--repeats", type=int, default=1,
-                   help="run the matrix this often, interleaved (cell by cell), and report each cell's median run")
-    p.add_argument("--cell-timeout", type=float, default=900.0, help="seconds one cell may take before it is stopped")
-    p.add_argument("--timeout", type=float, default=300.0, help="seconds any rank waits on another")
-    p.add_argument("--out", required=True, help="results folder (cells/, scaling.json, scaling.txt)")
 
 
-def config_from_args(args) -> ScalingConfig:
-    return ScalingConfig(
-        model=args.model, data=args.data, strategies=[s.strip() for s in args.strategies.split(",") if s.strip()],
-        workers=_ints(args.workers, "--workers"), batch_sizes=_ints(args.batch_sizes, "--batch-sizes"),
-        loader_workers=_ints(args.loader_workers, "--loader-workers"),
-        amp=[a.strip() for a in args.amp.split(",") if a.strip()], channels_last=args.channels_last,
-        steps=(args.steps if args.steps is not None else (0 if args.epochs else 30)), epochs=args.epochs,
-        warmup_steps=args.warmup_steps, servers=args.servers, lr=args.lr, seed=args.seed,
-        model_args=args.model_arg, data_args=args.data_arg, sync_every=args.sync_every, trace=args.trace,
-        monitor=not args.no_monitor, monitor_every=args.monitor_every, cell_timeout_s=args.cell_timeout,
-        timeout_s=args.timeout, repeats=args.repeats)
 
 
 def plan(config: ScalingConfig) -> list[Cell]:
@@ -159,9 +125,10 @@ def plan(config: ScalingConfig) -> list[Cell]:
 
 def check(config: ScalingConfig, cells: list[Cell]) -> int:
     """Names, data and sizes, once, before any launch; returns the number of training samples."""
-    from ..config import TrainConfig
-    from ..sync import STRATEGIES
-    from ..train_cli import load_and_build, parse_kv
+    from ddtrain.config import TrainConfig
+    from ddtrain.sync import STRATEGIES
+    from ddtrain.config import parse_kv
+    from ddtrain.training.build import load_and_build
     for name in config.strategies:
         if name not in STRATEGIES:
             raise choice_error("strategy", name, STRATEGIES)
@@ -199,10 +166,211 @@ def train_argv(config: ScalingConfig, cell: Cell, out: Path) -> list[str]:
     return argv
 
 
-def main(args) -> int:
-    from .. import records
-    config = config_from_args(args)
-    out = Path(args.out)
+PARTS = ("data_s", "compute_s", "comm_wait_s", "optimizer_s")
+
+
+def _rel(path: Path, root: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path(root).resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _log_error(log: str) -> str:
+    try:
+        lines = [line.strip() for line in Path(log).read_text(errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "no log"
+    errors = [line for line in lines if "error" in line.lower()]
+    return (errors or lines or ["no output"])[-1][:300]
+
+
+def network_check(record: dict) -> list[dict]:
+    """Per interface group: bytes on the interface (/proc/net/dev) against our counters, over the timed window.
+
+    Ranks on one host in one network namespace share an interface's counters, so those are
+    compared with the sum of the ranks' counted bytes. ``ours`` is what the comm layer counted
+    (payload) where it counted anything, else the strategy's own figure (``method`` says which).
+    """
+    from ddtrain.observe.monitor import delta
+    monitor, profile = record.get("monitor"), record.get("profile") or {}
+    if not monitor:
+        return []
+    windows = [r["window_s"] for r in profile.get("ranks", []) if r.get("window_s") and r["role"] == "worker"]
+    start, end = (windows[0] if windows else (None, None))
+    groups: dict[tuple, dict] = {}
+    for r in monitor["ranks"]:
+        if not r["interfaces"]:
+            continue
+        key = (r["host"], r["netns"], tuple(r["interfaces"]))
+        s = r["samples"]
+        g = groups.setdefault(key, {"host": r["host"], "interfaces": list(r["interfaces"]), "ranks": [],
+                                    "net_tx_bytes": delta(s, "net_tx_bytes", start, end),
+                                    "net_rx_bytes": delta(s, "net_rx_bytes", start, end),
+                                    "net_tx_packets": delta(s, "net_tx_packets", start, end),
+                                    "counted_sent_bytes": 0, "strategy_sent_bytes": 0})
+        g["ranks"].append(r["rank"])
+        g["counted_sent_bytes"] += delta(s, "counted_bytes_sent", start, end) or 0
+        g["strategy_sent_bytes"] += delta(s, "strategy_bytes_sent", start, end) or 0
+    out = []
+    for g in groups.values():
+        ours, method = ((g["counted_sent_bytes"], "counted") if g["counted_sent_bytes"]
+                        else (g["strategy_sent_bytes"], "strategy"))
+        g.update(ours_sent_bytes=ours, ours_method=method,
+                 ratio=(g["net_tx_bytes"] / ours if ours and g["net_tx_bytes"] is not None else None))
+        out.append(g)
+    return out
+
+
+def cell_row(config, cell, run: dict, record_path: Path, root: Path) -> dict:
+    """Everything the table, scaling.json and the report need about one cell."""
+    from ddtrain.data.loading import steps_per_epoch
+    row = {"cell": cell.name, "setup": cell.setup, "repeat": cell.repeat, "strategy": cell.strategy, "workers": cell.workers, "ranks": cell.ranks,
+           "batch_size": cell.batch_size, "loader_workers": cell.loader_workers, "amp": cell.amp,
+           "ok": False, "exit_code": run["exit_code"], "wall_s": run["wall_s"], "log": _rel(run["log"], root),
+           "record": _rel(record_path, root)}
+    record = None
+    if run["exit_code"] == 0 and record_path.exists():
+        record = json.loads(record_path.read_text())
+    profile = (record or {}).get("profile") or {}
+    if not profile.get("step_time_s"):
+        row["error"] = ("stopped at --cell-timeout" if run["timed_out"] else
+                        _log_error(run["log"]) if run["exit_code"] else "no timed steps in the record")
+        return row
+    step = profile["step_time_s"]
+    per_epoch = steps_per_epoch(record["sharding"]["samples_per_rank"], cell.batch_size)
+    if config.epochs:
+        times = [e["time_s"] for e in record["epochs"]]
+        epoch_s = statistics.median(times[1:] or times)
+        kind = "measured" if len(times) > 1 else "measured, incl. warm-up"
+    else:
+        epoch_s, kind = step * per_epoch, "extrapolated"
+    per_rank = [{"rank": r["rank"], "role": r["role"], **(r["split_s"] if r["timed_steps"] else {}),
+                 "other_s": r.get("other_s"), "step_time_s": r["step_time_s"], "split_sum_pct": r["split_sum_pct"]}
+                for r in profile["ranks"]]
+    workers = [r for r in per_rank if r["role"] == "worker" and r.get("data_s") is not None]
+    last = record["epochs"][-1] if record["epochs"] else {}
+    row.update(ok=True, step_time_s=step, samples_per_s=profile["samples_per_s"], steps_per_epoch=per_epoch,
+               epoch_time_s=epoch_s, epoch_time_kind=kind, timed_steps=min(r["timed_steps"] for r in profile["ranks"]
+                                                                           if r["role"] == "worker"),
+               split_s={k: statistics.fmean(r[k] for r in workers) for k in (*PARTS, "other_s")}, per_rank=per_rank,
+               split_sum_pct=[r["split_sum_pct"] for r in workers],
+               straggler=profile.get("straggler", {}).get("text"), gradient_bytes=profile.get("gradient_bytes"), train_loss=last.get("train_loss"),
+               comm=record.get("comm"), network=network_check(record),
+               trace=_rel(profile["trace"], root) if profile.get("trace") else None)
+    return row
+
+
+def pick_median(rows: list[dict]) -> list[dict]:
+    """One row per setup: with repeats, the run with the median samples/s (the lower middle one)."""
+    setups: dict[str, list[dict]] = {}
+    for r in rows:
+        setups.setdefault(r.get("setup", r["cell"]), []).append(r)
+    out = []
+    for members in setups.values():
+        if len(members) == 1:
+            out.append(members[0])
+            continue
+        ok = sorted((r for r in members if r["ok"]), key=lambda r: r["samples_per_s"])
+        chosen = dict(ok[(len(ok) - 1) // 2] if ok else members[0])
+        chosen["repeats_samples_per_s"] = [r["samples_per_s"] if r["ok"] else None for r in members]
+        out.append(chosen)
+    return out
+
+
+def finish_rows(rows: list[dict]) -> None:
+    """Speed-up and efficiency against the smallest-worker cell (1 worker when there is one) of each setup."""
+    setups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        setups.setdefault((r["strategy"], r["batch_size"], r["loader_workers"], r["amp"]), []).append(r)
+    for members in setups.values():
+        ok = [r for r in members if r["ok"]]
+        base = min(ok, key=lambda r: r["workers"]) if ok else None
+        for r in members:
+            if r["ok"] and base is not None:
+                r["baseline_workers"] = base["workers"]
+                r["speedup"] = r["samples_per_s"] / base["samples_per_s"]
+                r["efficiency"] = r["speedup"] / (r["workers"] / base["workers"])
+
+
+COLUMNS = [("strategy", ""), ("workers", ""), ("ranks", ""), ("batch", "(/worker)"), ("loader", ""),
+           ("amp", ""), ("samples/s", "(1/s)"), ("step", "(ms)"), ("epoch", "(s)"), ("", ""),
+           ("speed-up", "(x)"), ("effic.", "(%)"), ("data", "(ms)"), ("compute", "(ms)"), ("comm", "(ms)"),
+           ("optim", "(ms)"), ("other", "(ms)"), ("sum", "(%)")]
+RANK_COLUMNS = [("cell", ""), ("rank", ""), ("role", ""), ("data", "(ms)"), ("compute", "(ms)"),
+                ("comm wait", "(ms)"), ("optimizer", "(ms)"), ("other", "(ms)"), ("4 parts", "(ms)"), ("step", "(ms)"),
+                ("4 parts/step", "(%)")]
+
+
+def _ms(value) -> str:
+    return fmt(None if value is None else 1e3 * value, 1)
+
+
+def render(result: dict) -> str:
+    """The printout: '#' header lines, the cell table, the per-rank split, network and straggler lines."""
+    c, rows = result["config"], result["cells"]
+    load = result.get("loadavg_1min") or [None, None]
+    lines = [f"# ddtrain bench scaling: {c['model']} on {c['data']}, {result['cores']} CPU cores "
+             f"(1-min load average {fmt(load[0], 1)} at the start, {fmt(load[1], 1)} at the end), "
+             f"{c['warmup_steps']} warm-up steps excluded, "
+             + (f"{c['steps']} timed steps per cell" if c["steps"] else f"{c['epochs']} epoch(s) per cell")
+             + (f", median of {c['repeats']} interleaved repeats" if c.get("repeats", 1) > 1 else ""),
+             "# step: mean wall time of a timed step (slowest worker); samples/s = workers x batch / step;",
+             "# epoch: x = extrapolated (step x steps per epoch), m = measured; speed-up: samples/s over the",
+             "# smallest-worker cell of the same strategy/batch/loader/amp; efficiency = speed-up / worker ratio;",
+             "# data/compute/comm/optim/other: mean over workers of the step split (other: in-loop checks after an",
+             "# epoch's last step); sum: (data + compute + comm + optim) / step, the worst worker", "#"]
+    body = []
+    for r in rows:
+        if not r["ok"]:
+            body.append([r["strategy"], str(r["workers"]), str(r["ranks"]), str(r["batch_size"]),
+                         str(r["loader_workers"]), r["amp"], "FAILED", *["" for _ in COLUMNS[7:]]])
+            continue
+        s, sums = r["split_s"], r["split_sum_pct"]
+        worst = max(sums, key=lambda v: abs(v - 100)) if sums else None
+        body.append([r["strategy"], str(r["workers"]), str(r["ranks"]), str(r["batch_size"]), str(r["loader_workers"]),
+                     r["amp"], fmt(r["samples_per_s"], 1), _ms(r["step_time_s"]), fmt(r["epoch_time_s"], 1),
+                     "m" if r["epoch_time_kind"].startswith("measured") else "x", fmt(r.get("speedup"), 2),
+                     fmt(100 * r["efficiency"] if r.get("efficiency") is not None else None, 0),
+                     *[_ms(s[k]) for k in (*PARTS, "other_s")], fmt(worst, 1)])
+    lines += render_table(COLUMNS, body)
+    lines += ["#", "# per rank (mean per timed step):"]
+    rank_body = []
+    for r in rows:
+        for x in r.get("per_rank", []) if r["ok"] else []:
+            if x.get("data_s") is None:
+                rank_body.append([r["cell"], str(x["rank"]), x["role"], *["-"] * 8])
+                continue
+            total = sum(x[k] for k in PARTS)
+            rank_body.append([r["cell"], str(x["rank"]), x["role"], *[_ms(x[k]) for k in PARTS], _ms(x["other_s"]),
+                              _ms(total),
+                              _ms(x["step_time_s"]), fmt(x["split_sum_pct"], 1)])
+    lines += render_table(RANK_COLUMNS, rank_body)
+    net = [(r, g) for r in rows if r["ok"] for g in r.get("network", [])]
+    if net:
+        lines += ["#", "# network over the timed window: bytes sent on the interface (/proc/net/dev) vs ours"]
+        for r, g in net:
+            lines.append(f"#   {r['cell']}: {','.join(g['interfaces'])} (ranks {','.join(map(str, g['ranks']))}) "
+                         f"{_mb(g['net_tx_bytes'])} MB on the interface, {_mb(g['ours_sent_bytes'])} MB "
+                         f"{g['ours_method']} by us, ratio {fmt(g['ratio'], 3)}")
+    stragglers = [(r["cell"], r["straggler"]) for r in rows if r["ok"] and r.get("straggler") and r["workers"] > 1]
+    if stragglers:
+        lines += ["#", "# stragglers:"] + [f"#   {name}: {text}" for name, text in stragglers]
+    failed = [r for r in rows if not r["ok"]]
+    for r in failed:
+        lines.append(f"# FAILED {r['cell']}: {r.get('error')} (log: {r['log']})")
+    lines.append(f"# elapsed: {result['elapsed_s']:.1f} s")
+    return "\n".join(lines)
+
+
+def _mb(value) -> str:
+    return "n/a" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value / 1e6:.2f}"
+
+
+def run_matrix(config: ScalingConfig, out: Path) -> int:
+    """Run every cell of ``config`` (one launch each), write ``out/scaling.json`` and the table; exit status."""
+    from ddtrain.observe import files
+    out = Path(out)
     cells = plan(config)
     n_train = check(config, cells)
     (out / "cells").mkdir(parents=True, exist_ok=True)
@@ -228,8 +396,8 @@ def main(args) -> int:
               "cores": os.cpu_count(), "loadavg_1min": [load_start, loadavg()],
               "elapsed_s": time.perf_counter() - started, "cells": rows}
     text = render(result)
-    records.write_json(out / "scaling.json", result)
-    records.atomic_write(out / "scaling.txt", lambda tmp: Path(tmp).write_text(text + "\n"))
+    files.write_json(out / "scaling.json", result)
+    files.atomic_write(out / "scaling.txt", lambda tmp: Path(tmp).write_text(text + "\n"))
     print(text, flush=True)
     print(f"# results: {out}/scaling.json, per cell: {out}/cells/; plots: ddtrain report {out}", flush=True)
     failed = [r["cell"] for r in rows if not r["ok"]]
@@ -238,3 +406,4 @@ def main(args) -> int:
               file=sys.stderr, flush=True)
         return 1
     return 0
+

@@ -47,9 +47,9 @@ def link_fraction(*, bits_per_s: float | None = None, bytes_per_s: float | None 
     return bits / link
 
 
-from .checks import missing_requirements, preflight  # noqa: E402
-from .netns import Cluster, Node, format_rate, parse_rate  # noqa: E402
-from .run import RunResult, emulated_cluster, run_in_cluster  # noqa: E402
+from ddtrain.cluster.checks import missing_requirements, preflight  # noqa: E402
+from ddtrain.cluster.netns import Cluster, Node, format_rate, parse_rate  # noqa: E402
+from ddtrain.cluster.run import RunResult, emulated_cluster, run_in_cluster  # noqa: E402
 
 __all__ = ["emulated_cluster", "run_in_cluster", "RunResult", "Cluster", "Node", "parse_rate", "format_rate",
            "preflight", "missing_requirements", "link_rate_bps", "link_fraction", "LINK_ENV", "SERVER_LINK_ENV", "NODE_LINK_ENV",

@@ -5,7 +5,7 @@ import os
 import shutil
 import sys
 
-from ..errors import DDTrainError
+from ddtrain.errors import DDTrainError
 
 KERNEL_FEATURES = {"CONFIG_NET_NS": "net_ns", "CONFIG_VETH": "veth", "CONFIG_BRIDGE": "bridge",
                    "CONFIG_NET_SCH_TBF": "sch_tbf"}

@@ -29,7 +29,7 @@ import subprocess
 import time
 from dataclasses import dataclass
 
-from ..errors import DDTrainError
+from ddtrain.errors import DDTrainError
 
 PREFIX = "ddtrain-"
 SUBNET = "198.18.0"          # RFC 2544 benchmarking range, /24: node i is 198.18.0.(i+1)

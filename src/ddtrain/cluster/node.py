@@ -2,7 +2,7 @@
 
 Started by ``run_in_cluster`` inside the node's namespace as
 ``python -m ddtrain.cluster.node <torch.distributed.run arguments>``. It is torchrun itself
-(same parser, same elastic agent) with two differences, as in ``ddtrain.launch.run_local``:
+(same parser, same elastic agent) with two differences, as in ``ddtrain.dist.launch.run_local``:
 the agent's own log lines are silenced unless DDTRAIN_DEBUG is set (run.node_env sets
 LOGLEVEL and TORCH_CPP_LOG_LEVEL, read before this module runs), and a failed worker is
 reported in one line naming the node and rank instead of a traceback.
@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from ..launch import describe_failure
+from ddtrain.dist.launch import describe_failure
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,7 +22,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if not os.environ.get("DDTRAIN_DEBUG"):
         logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)
-    from ..launch import _torchrun_parser
+    from ddtrain.dist.launch import _torchrun_parser
     args = _torchrun_parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         run(args)

@@ -15,7 +15,6 @@ the cluster exports); it is blank outside ``ddtrain cluster run`` or when both e
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -25,8 +24,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from .. import runtime
-from . import NODE_ENV, link_rate_bps
+from ddtrain.dist import runtime
+from ddtrain.errors import DDTrainError
+from ddtrain.cluster import NODE_ENV, link_rate_bps
 
 MODES = ("send", "bidi", "incast")
 
@@ -78,35 +78,25 @@ def _once(mode: str, nbytes: int, world: int, rank: int) -> float | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddtrain.cluster.probe", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--modes", default="send", help=f"comma-separated, from {', '.join(MODES)}")
-    parser.add_argument("--bytes", type=int, default=25_000_000, help="bytes per transfer (per sender)")
-    parser.add_argument("--repeat", type=int, default=3, help="timed transfers per mode")
-    parser.add_argument("--json", action="store_true", help="also print one JSON line per mode")
-    args = parser.parse_args(argv)
-    modes = [m for m in args.modes.split(",") if m]
+def run_probe(modes: list[str], nbytes: int, repeat: int, as_json: bool = False) -> int:
+    """Time each of ``modes`` ``repeat`` times with ``nbytes`` per transfer; rank 0 prints the table."""
     bad = [m for m in modes if m not in MODES]
-    if bad or args.bytes < 1 or args.repeat < 1:
-        print(f"probe: error: modes must be from {', '.join(MODES)}; --bytes and --repeat positive",
-              file=sys.stderr)
-        return 2
+    if bad or nbytes < 1 or repeat < 1:
+        raise DDTrainError(f"probe: modes must be from {', '.join(MODES)}; --bytes and --repeat positive")
     runtime.init(backend="gloo")
     world, rank = runtime.world_size(), runtime.rank()
     if world < 2:
-        print("probe: error: needs at least 2 ranks (e.g. --nodes 2)", file=sys.stderr)
-        return 2
+        raise DDTrainError("probe: needs at least 2 ranks (e.g. --nodes 2)")
     _once("send", 1024, world, rank)  # warm-up: connections are made on first use
     where = [None] * world
     node = os.environ.get(NODE_ENV)
     dist.all_gather_object(where, (int(node) if node else None, link_rate_bps(node=True)))
     if rank == 0:
-        print(f"# ddtrain cluster probe: {world} ranks, {args.bytes} bytes per transfer, median of {args.repeat}",
+        print(f"# ddtrain cluster probe: {world} ranks, {nbytes} bytes per transfer, median of {repeat}",
               flush=True)
         print(f"# {'mode':>6} {'bytes':>12} {'time_s':>8} {'Mbit/s':>9} {'of_link':>8}", flush=True)
     for mode in modes:
-        rates = [_once(mode, args.bytes, world, rank) for _ in range(args.repeat)]
+        rates = [_once(mode, nbytes, world, rank) for _ in range(repeat)]
         # the measuring rank is the last one (send, bidi) or the first (incast); gather to rank 0
         mine = statistics.median(rates) if rates[0] is not None else 0.0
         box = [None] * world
@@ -114,10 +104,10 @@ def main(argv: list[str] | None = None) -> int:
         if rank == 0:
             bps = max(box)
             link = _bottleneck_bps(mode, where)
-            total = args.bytes * (world - 1 if mode == "incast" else 1)
+            total = nbytes * (world - 1 if mode == "incast" else 1)
             fraction = f"{bps / link:8.3f}" if link else f"{'':8}"
             print(f"  {mode:>6} {total:>12} {total * 8 / bps:8.4f} {bps / 1e6:9.2f} {fraction}", flush=True)
-            if args.json:
+            if as_json:
                 print("probe_result " + json.dumps({"mode": mode, "bytes": total, "bits_per_s": bps,
                                                     "link_bps": link, "of_link": bps / link if link else None}),
                       flush=True)
@@ -125,5 +115,6 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # the command is ``ddtrain cluster probe``; this keeps ``python -m`` working
+    from ddtrain.cli import main
+    sys.exit(main(["cluster", "probe", *sys.argv[1:]]))

@@ -17,8 +17,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from ..errors import DDTrainError
-from . import LINK_ENV, NODE_ENV, NODE_LINK_ENV, SERVER_LINK_ENV, checks, netns
+from ddtrain.errors import DDTrainError
+from ddtrain.cluster import LINK_ENV, NODE_ENV, NODE_LINK_ENV, SERVER_LINK_ENV, checks, netns
 
 MASTER_PORT = 29500  # every node has its own network stack, so a fixed port cannot collide
 # Variables a surrounding launcher may have set; the ranks in the cluster must not see them.

@@ -13,13 +13,13 @@ from typing import Callable
 
 import torch
 
-from ..errors import choice_error
-from . import traffic
-from .ops import ALL_REDUCE_OPS, REDUCE_OPS, SUPPORTED_DTYPES
-from .p2p import CommError
+from ddtrain.errors import choice_error
+from ddtrain.comm import traffic
+from ddtrain.comm.ops import ALL_REDUCE_OPS, REDUCE_OPS, SUPPORTED_DTYPES
+from ddtrain.comm.p2p import CommError
 
-from . import butterfly, central, native, ring, ring_async, tree  # noqa: E402  (after the helpers)
-from .primitives import allgather, alltoall, bcast, gather, recv, reduce, scatter, send  # noqa: E402
+from ddtrain.comm import butterfly, central, native, ring, ring_async, tree  # noqa: E402  (after the helpers)
+from ddtrain.comm.primitives import allgather, alltoall, bcast, gather, recv, reduce, scatter, send  # noqa: E402
 
 ALGORITHMS: dict[str, Callable[..., torch.Tensor]] = {
     "native": native.all_reduce,

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
-from .ops import combine_, run_all_reduce
-from .p2p import Comm, sendrecv
+from ddtrain.comm.ops import combine_, run_all_reduce
+from ddtrain.comm.p2p import Comm, sendrecv
 
 ROOT = 0
 

@@ -14,9 +14,9 @@ import time
 import torch
 import torch.distributed as dist
 
-from . import traffic
-from .ops import run_all_reduce
-from .p2p import Comm, CommError
+from ddtrain.comm import traffic
+from ddtrain.comm.ops import run_all_reduce
+from ddtrain.comm.p2p import Comm, CommError
 
 REDUCE_OP = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
              "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}

@@ -16,8 +16,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from ..errors import DDTrainError, choice_error
-from .p2p import Comm, group_info, open_comm
+from ddtrain.errors import DDTrainError, choice_error
+from ddtrain.comm.p2p import Comm, group_info, open_comm
 
 ALL_REDUCE_OPS = ("sum", "avg", "max", "min", "prod")
 REDUCE_OPS = ALL_REDUCE_OPS + ("land", "lor", "band", "bor", "maxloc", "minloc")

@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..errors import DDTrainError
-from . import traffic
+from ddtrain.errors import DDTrainError
+from ddtrain.comm import traffic
 
 
 # Tests set this to run the CUDA code path (batched posting, waits that leave the deadline to
@@ -42,7 +42,7 @@ class CommError(DDTrainError):
 
 def default_timeout_s() -> float:
     """The deadline of one collective: ddtrain.init()'s timeout, else DDTRAIN_TIMEOUT_S, else 300 s."""
-    from .. import runtime
+    from ddtrain.dist import runtime
 
     state = runtime._state
     if state is not None:

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import torch
 
-from ..errors import DDTrainError
-from .ops import REDUCE_OPS, check_device, check_op, combine_
-from .p2p import exchange, open_comm, sendrecv, wait
-from .ring import all_gather_
-from .tree import broadcast_from_root_, reduce_to_root_
+from ddtrain.errors import DDTrainError
+from ddtrain.comm.ops import REDUCE_OPS, check_device, check_op, combine_
+from ddtrain.comm.p2p import exchange, open_comm, sendrecv, wait
+from ddtrain.comm.ring import all_gather_
+from ddtrain.comm.tree import broadcast_from_root_, reduce_to_root_
 
 
 def _comm(name, group, timeout_s, tensor):

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from .ops import combine_, run_all_reduce
-from .p2p import Comm, sendrecv
+from ddtrain.comm.ops import combine_, run_all_reduce
+from ddtrain.comm.p2p import Comm, sendrecv
 
 
 def chunk_bounds(numel: int, parts: int) -> list[int]:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from .ops import combine_, run_all_reduce
-from .p2p import Comm, exchange, wait
-from .ring import chunk_bounds
+from ddtrain.comm.ops import combine_, run_all_reduce
+from ddtrain.comm.p2p import Comm, exchange, wait
+from ddtrain.comm.ring import chunk_bounds
 
 SEGMENT_BYTES = 256 * 1024     # aim for segments of this size ...
 MAX_SEGMENTS = 8               # ... but no more than this many per chunk (per-message latency)

@@ -21,8 +21,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from .ops import combine_, run_all_reduce
-from .p2p import Comm, sendrecv
+from ddtrain.comm.ops import combine_, run_all_reduce
+from ddtrain.comm.p2p import Comm, sendrecv
 
 
 def reduce_to_root_(comm: Comm, tensors: Sequence[torch.Tensor],

@@ -8,15 +8,15 @@
 """
 from __future__ import annotations
 
-from .alphabeta import (PREDICTORS, LinkParams, bus_bandwidth_factor, butterfly_time, central_time,
+from ddtrain.costmodel.alphabeta import (PREDICTORS, LinkParams, bus_bandwidth_factor, butterfly_time, central_time,
                         native_time, predict_time, ring_async_time, ring_time, tree_time)
-from .counts import (METHODS, CountRow, centralized_count, count_table, decentralized_count,
+from ddtrain.costmodel.counts import (METHODS, CountRow, centralized_count, count_table, decentralized_count,
                      format_count, proposed_count)
 
 
 def calibrate(group=None, **kwargs):
     """Fit α, β, γ on ``group`` (see ``ddtrain.costmodel.calibration``); call on all its ranks."""
-    from .calibration import calibrate as _calibrate
+    from ddtrain.costmodel.calibration import calibrate as _calibrate
     return _calibrate(group, **kwargs)
 
 

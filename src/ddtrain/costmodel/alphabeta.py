@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
-from ..errors import DDTrainError, choice_error
+from ddtrain.errors import DDTrainError, choice_error
 
 
 @dataclass(frozen=True, kw_only=True)

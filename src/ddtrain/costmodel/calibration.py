@@ -30,8 +30,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..errors import DDTrainError
-from .alphabeta import LinkParams
+from ddtrain.errors import DDTrainError
+from ddtrain.costmodel.alphabeta import LinkParams
 
 DEFAULT_MAX_BYTES = 16 << 20
 REDUCE_MIN_BYTES = 256 << 10

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
-from ..errors import DDTrainError
+from ddtrain.errors import DDTrainError
 
 METHODS = ("centralized", "decentralized", "proposed")
 

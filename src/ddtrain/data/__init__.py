@@ -13,15 +13,15 @@ from typing import Callable
 import torch
 from torch.utils.data import Dataset, Subset
 
-from ..errors import DDTrainError, choice_error
-from .arrays import ArrayDataset  # noqa: F401  (re-exported: ddtrain.data.ArrayDataset)
-from .cifar10 import load_cifar10
-from .digits import load_digits
-from .imagefolder import load_imagefolder
-from .mnist import load_mnist
-from .nifti import load_nifti
-from .npz import load_npz
-from .synthetic import load_synthetic
+from ddtrain.errors import DDTrainError, choice_error
+from ddtrain.data.arrays import ArrayDataset  # noqa: F401  (re-exported: ddtrain.data.ArrayDataset)
+from ddtrain.data.cifar10 import load_cifar10
+from ddtrain.data.digits import load_digits
+from ddtrain.data.imagefolder import load_imagefolder
+from ddtrain.data.mnist import load_mnist
+from ddtrain.data.nifti import load_nifti
+from ddtrain.data.npz import load_npz
+from ddtrain.data.synthetic import load_synthetic
 
 DATASETS: dict[str, Callable[..., Dataset]] = {
     "digits": load_digits,

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..errors import DDTrainError, choice_error
+from ddtrain.errors import DDTrainError, choice_error
 
 AXES = {"sagittal": "LR", "coronal": "AP", "axial": "SI"}  # anatomical name -> orientation letters
 NORMS = ("nonzero", "volume", "none")

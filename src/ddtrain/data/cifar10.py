@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DDTrainError
-from .arrays import ArrayDataset
-from .transforms import BatchDataset, int_option, resize_batch
+from ddtrain.errors import DDTrainError
+from ddtrain.data.arrays import ArrayDataset
+from ddtrain.data.transforms import BatchDataset, int_option, resize_batch
 
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
 TEST_FILES = ["test_batch"]

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .arrays import ArrayDataset
+from ddtrain.data.arrays import ArrayDataset
 
 
 def load_digits(*, size: int = 28) -> ArrayDataset:

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from ..errors import DDTrainError
-from .transforms import bool_option, center_crop_box, int_option, normalize_, random_resized_crop_box
+from ddtrain.errors import DDTrainError
+from ddtrain.data.transforms import bool_option, center_crop_box, int_option, normalize_, random_resized_crop_box
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 

@@ -19,9 +19,9 @@ import threading
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ..errors import DDTrainError
-from .arrays import ArrayDataset
-from .sharding import ShardSampler
+from ddtrain.errors import DDTrainError
+from ddtrain.data.arrays import ArrayDataset
+from ddtrain.data.sharding import ShardSampler
 
 DEVICE_SHARE = 0.4      # a lazy dataset is materialised on the GPU up to this share of free memory
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import fnmatch
 from pathlib import Path
 
-from ..errors import DDTrainError
-from .arrays import ArrayDataset
-from .brain import SliceOptions, Subject, read_manifest, slice_subjects
-from .transforms import bool_option, int_option
+from ddtrain.errors import DDTrainError
+from ddtrain.data.arrays import ArrayDataset
+from ddtrain.data.brain import SliceOptions, Subject, read_manifest, slice_subjects
+from ddtrain.data.transforms import bool_option, int_option
 
 SUFFIXES = (".nii", ".nii.gz")
 MANIFESTS = ("manifest.json", "manifest.csv")

@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..errors import DDTrainError
-from .arrays import ArrayDataset
+from ddtrain.errors import DDTrainError
+from ddtrain.data.arrays import ArrayDataset
 
 
 def load_npz(path: str) -> ArrayDataset:

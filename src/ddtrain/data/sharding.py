@@ -17,7 +17,7 @@ import math
 import torch
 from torch.utils.data import Sampler
 
-from ..errors import DDTrainError
+from ddtrain.errors import DDTrainError
 
 POLICIES = ("balanced", "contiguous")
 

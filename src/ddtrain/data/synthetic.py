@@ -24,9 +24,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..errors import DDTrainError, choice_error
-from .arrays import ArrayDataset
-from .transforms import BatchDataset, bool_option, int_option
+from ddtrain.errors import DDTrainError, choice_error
+from ddtrain.data.arrays import ArrayDataset
+from ddtrain.data.transforms import BatchDataset, bool_option, int_option
 
 # name -> (channels, side, num_classes or None for regression, default number of samples)
 SHAPES = {

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import Dataset
 
-from ..errors import DDTrainError
+from ddtrain.errors import DDTrainError
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -75,7 +75,7 @@ class BatchDataset(Dataset):
 
     def materialise(self, *, channels_last: bool = False, chunk_bytes: int = 256 << 20):
         """Every sample computed now, on the dataset's device, into an ``ArrayDataset`` there."""
-        from .arrays import ArrayDataset
+        from ddtrain.data.arrays import ArrayDataset
         x0, y0 = self.batch(torch.zeros(1, dtype=torch.long, device=self.device))
         n, chunk = len(self), max(1, chunk_bytes // max(1, x0.numel() * x0.element_size()))
         layout = torch.channels_last if channels_last and x0.dim() == 4 else torch.contiguous_format

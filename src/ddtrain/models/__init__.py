@@ -11,14 +11,14 @@ from typing import Callable
 
 import torch.nn as nn
 
-from ..errors import DDTrainError, choice_error
-from .alexnet import build_alexnet
-from .mlp import build_mlp
-from .resnet import build_resnet18, build_resnet50, build_resnet152
-from .resnet_v2 import build_resnet50v2, build_resnet152v2
-from .simple_cnn import build_simple_cnn
-from .unet import build_unet
-from .vgg import build_vgg16, build_vgg19
+from ddtrain.errors import DDTrainError, choice_error
+from ddtrain.models.alexnet import build_alexnet
+from ddtrain.models.mlp import build_mlp
+from ddtrain.models.resnet import build_resnet18, build_resnet50, build_resnet152
+from ddtrain.models.resnet_v2 import build_resnet50v2, build_resnet152v2
+from ddtrain.models.simple_cnn import build_simple_cnn
+from ddtrain.models.unet import build_unet
+from ddtrain.models.vgg import build_vgg16, build_vgg19
 
 MODELS: dict[str, Callable[..., nn.Module]] = {
     "mlp": build_mlp,
@@ -55,5 +55,5 @@ def parameter_count(model: nn.Module) -> int:
 def model_summary(model: nn.Module, input_shape: tuple[int, ...]) -> dict:
     """``params``, ``buffers`` (batch norm running statistics) and counted forward
     ``flops_per_sample`` for samples of shape ``input_shape``; see flops.py."""
-    from .flops import model_summary as summary  # late, so `python -m ...flops` runs cleanly
+    from ddtrain.models.flops import model_summary as summary  # late, so `python -m ...flops` runs cleanly
     return summary(model, input_shape)

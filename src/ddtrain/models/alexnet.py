@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from ..errors import DDTrainError
+from ddtrain.errors import DDTrainError
 
 
 def _conv_out(size: int, kernel: int, stride: int = 1, padding: int = 0) -> int:

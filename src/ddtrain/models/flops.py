@@ -16,15 +16,14 @@ leaves the model untouched. Print the zoo's table with::
 """
 from __future__ import annotations
 
-import argparse
 
 import torch
 import torch.nn as nn
 from torch.func import functional_call
 from torch.utils.flop_counter import FlopCounterMode
 
-from ..errors import DDTrainError, choice_error
-from . import MODELS, build_model, parameter_count
+from ddtrain.errors import choice_error
+from ddtrain.models import MODELS, build_model, parameter_count
 
 # Reference input of each model (the one its source document or publisher counts at):
 # name -> (in_channels, height, width, num_classes, where the input comes from).
@@ -110,29 +109,8 @@ def format_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m ddtrain.models.flops",
-                                     description="Parameters and counted forward FLOPs per "
-                                                 "sample of the model zoo.")
-    parser.add_argument("models", nargs="*", help="model names (default: every model)")
-    parser.add_argument("--input", metavar="CxHxW", help="input shape instead of each "
-                        "model's reference input, e.g. 3x128x128")
-    parser.add_argument("--classes", type=int, help="number of classes instead of the "
-                        "reference one")
-    args = parser.parse_args(argv)
-    shape = None
-    if args.input:
-        try:
-            shape = tuple(int(v) for v in args.input.lower().split("x"))
-            assert len(shape) == 3 and min(shape) > 0
-        except (ValueError, AssertionError):
-            parser.error(f"--input must look like 3x128x128, got {args.input!r}")
-    try:
-        print(format_table(reference_table(args.models, shape, args.classes)))
-    except DDTrainError as exc:
-        parser.exit(2, f"ddtrain: error: {exc}\n")
-    return 0
+if __name__ == "__main__":  # the command is ``ddtrain model flops``; this keeps ``python -m`` working
+    import sys
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    from ddtrain.cli import main
+    raise SystemExit(main(["model", "flops", *sys.argv[1:]]))

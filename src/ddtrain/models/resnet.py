@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..errors import DDTrainError
+from ddtrain.errors import DDTrainError
 
 # name -> (blocks per stage, bottleneck?)
 LAYOUTS = {18: ([2, 2, 2, 2], False), 50: ([3, 4, 6, 3], True), 152: ([3, 8, 36, 3], True)}

@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 
-from ..errors import DDTrainError
+from ddtrain.errors import DDTrainError
 
 
 def conv_block(in_channels: int, out_channels: int, dropout: float) -> nn.Sequential:

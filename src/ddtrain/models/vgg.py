@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from ..errors import DDTrainError
+from ddtrain.errors import DDTrainError
 
 # Convolution widths per stage; every stage ends with a 2x2 max-pool.
 CONFIGS = {

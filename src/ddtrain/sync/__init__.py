@@ -22,14 +22,14 @@ from typing import Callable
 
 import torch.distributed as dist
 
-from .. import runtime
-from ..errors import choice_error
-from .allreduce import strategy_for
-from .base import Synced, SyncOptions, SyncStats
-from .ddp import wrap_ddp
-from .hybrid import wrap_hybrid
-from .local_sgd import wrap_local_sgd
-from .param_server import wrap_param_server
+from ddtrain.dist import runtime
+from ddtrain.errors import choice_error
+from ddtrain.sync.allreduce import strategy_for
+from ddtrain.sync.base import Synced, SyncOptions, SyncStats
+from ddtrain.sync.ddp import wrap_ddp
+from ddtrain.sync.hybrid import wrap_hybrid
+from ddtrain.sync.local_sgd import wrap_local_sgd
+from ddtrain.sync.ps.server import wrap_param_server
 
 STRATEGIES: dict[str, Callable[..., Synced]] = {
     "ddp": wrap_ddp,

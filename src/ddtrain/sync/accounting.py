@@ -13,8 +13,8 @@ import contextlib
 import time
 from dataclasses import fields
 
-from ..comm import traffic
-from .base import SyncStats
+from ddtrain.comm import traffic
+from ddtrain.sync.base import SyncStats
 
 
 class Ledger:

@@ -33,11 +33,11 @@ from functools import partial
 import torch
 import torch.distributed as dist
 
-from .. import comm
-from .accounting import Ledger
-from .base import Synced, SyncOptions, SyncStats
-from .ddp import ddp_model
-from .divergence import DivergenceMonitor
+from ddtrain import comm
+from ddtrain.sync.accounting import Ledger
+from ddtrain.sync.base import Synced, SyncOptions, SyncStats
+from ddtrain.sync.ddp import ddp_model
+from ddtrain.sync.divergence import DivergenceMonitor
 
 
 class HookState:

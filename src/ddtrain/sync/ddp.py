@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .base import Synced, SyncOptions, SyncStats
-from .divergence import DivergenceMonitor
+from ddtrain.sync.base import Synced, SyncOptions, SyncStats
+from ddtrain.sync.divergence import DivergenceMonitor
 
 
 def ddp_model(model, options: SyncOptions, comm_hook=None, hook_state=None):

@@ -20,11 +20,11 @@ import time
 
 import torch.distributed as dist
 
-from .accounting import Ledger
-from .allreduce import hooked_ddp
-from .base import Synced, SyncOptions, SyncStats
-from .divergence import DivergenceMonitor
-from .state import broadcast_, state_tensors
+from ddtrain.sync.accounting import Ledger
+from ddtrain.sync.allreduce import hooked_ddp
+from ddtrain.sync.base import Synced, SyncOptions, SyncStats
+from ddtrain.sync.divergence import DivergenceMonitor
+from ddtrain.sync.state import broadcast_, state_tensors
 
 ALGORITHM = "ring"
 

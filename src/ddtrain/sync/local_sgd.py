@@ -21,10 +21,10 @@ import time
 
 import torch.distributed as dist
 
-from .accounting import Ledger
-from .base import Synced, SyncOptions, SyncStats
-from .divergence import DivergenceMonitor
-from .state import average_, broadcast_, state_tensors
+from ddtrain.sync.accounting import Ledger
+from ddtrain.sync.base import Synced, SyncOptions, SyncStats
+from ddtrain.sync.divergence import DivergenceMonitor
+from ddtrain.sync.state import average_, broadcast_, state_tensors
 
 ALGORITHM = "ring"
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from .. import comm
+from ddtrain import comm
 
 
 def state_tensors(module: torch.nn.Module, buffers: bool = True) -> list[torch.Tensor]:

@@ -1,0 +1,101 @@
+"""The ``ddtrain`` command: a table of subcommands, each a module with ``add_arguments`` and ``main``.
+
+Only the chosen subcommand's module is imported, so ``ddtrain --help`` is quick and one
+broken optional extra cannot take every command down.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from ddtrain.errors import DDTrainError
+
+# command words -> (module, one-line help). One line per subcommand.
+COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("demo",): ("ddtrain.cli.demo", "train simple-cnn on the bundled digits with 1, 2 and 4 workers and compare"),
+    ("train",): ("ddtrain.cli.train", "train a model data-parallel (locally with --nproc, or under torchrun/srun/mpirun)"),
+    ("model", "comm"): ("ddtrain.cli.model_comm", "communications per epoch of centralized, decentralized and 000's method (Table 5.1)"),
+    ("model", "flops"): ("ddtrain.cli.model_flops", "parameters and counted forward FLOPs per sample of the model zoo"),
+    ("bench", "collectives"): ("ddtrain.cli.bench_collectives", "time every all-reduce algorithm over a range of sizes against the alpha-beta model (nccl-tests style)"),
+    ("bench", "scaling"): ("ddtrain.cli.bench_scaling", "throughput, speed-up and step split of strategies x workers (x batch, loader, amp), one launch per cell"),
+    ("report",): ("ddtrain.cli.report", "turn a results folder (train or bench) into report.md and a self-contained report.html with plots"),
+    ("cluster", "run"): ("ddtrain.cli.cluster_run", "run a ddtrain command on N emulated nodes (network namespaces) joined by rate-limited links"),
+    ("cluster", "probe"): ("ddtrain.cli.cluster_probe", "point-to-point rate between the ranks of an emulated cluster (inside cluster run)"),
+    ("cluster", "clean"): ("ddtrain.cli.cluster_clean", "remove emulated-cluster namespaces left behind by crashed or --keep runs"),
+}
+
+
+def _usage() -> str:
+    width = max(len(" ".join(words)) for words in COMMANDS)
+    lines = ["usage: ddtrain COMMAND [options]   (ddtrain COMMAND --help for its options)", "", "commands:"]
+    lines += [f"  {' '.join(words):<{width}}  {help_}" for words, (_, help_) in COMMANDS.items()]
+    return "\n".join(lines)
+
+
+def _match(argv: list[str]):
+    for n in (2, 1):
+        words = tuple(argv[:n])
+        if words in COMMANDS:
+            return words, argv[n:]
+    return None, argv
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from ddtrain import __version__
+        print(f"ddtrain {__version__}")
+        return 0
+    words, rest = _match(argv)
+    if words is None:
+        groups = sorted({w[0] for w in COMMANDS if len(w) > 1})
+        hint = f" (try: ddtrain {argv[0]} {'|'.join(w[1] for w in COMMANDS if w[0] == argv[0])})" if argv[0] in groups else ""
+        print(f"ddtrain: error: unknown command {' '.join(argv[:2])!r}{hint}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, help_ = COMMANDS[words]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog="ddtrain " + " ".join(words), description=help_,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    module.add_arguments(parser)
+    args = parser.parse_args(rest)
+    args.argv = rest
+    try:
+        return int(module.main(args) or 0)
+    except DDTrainError as exc:
+        from ddtrain.dist.runtime import eprint
+        eprint(f"ddtrain: error: {exc}")
+        return 2
+    except Exception as exc:  # a bug or a failed peer: one line per rank, the traceback on request
+        return _report_unexpected(exc)
+    except KeyboardInterrupt:
+        print("ddtrain: interrupted", file=sys.stderr)
+        return 130
+
+
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET",
+             "connection refused", "Socket closed")
+
+
+def _report_unexpected(exc: Exception) -> int:
+    """One line for this rank. A rank that merely lost a failed peer says so without claiming the error."""
+    import os
+    import traceback
+    from ddtrain.dist.runtime import eprint
+    debug = bool(os.environ.get("DDTRAIN_DEBUG"))
+    if debug:
+        traceback.print_exc()
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    if any(p.lower() in text.lower() for p in PEER_LOST):
+        eprint(f"stopped: lost contact with another rank ({type(exc).__name__}: {first[:160]})")
+        # Let the launcher see the rank that failed first: it names the earliest failure, in whole seconds.
+        import time
+        time.sleep(2.0)
+        from ddtrain.dist.launch import LOST_PEER_EXIT
+        return LOST_PEER_EXIT
+    eprint(f"ddtrain: error: {type(exc).__name__}: {first}" + ("" if debug else "  (DDTRAIN_DEBUG=1 shows the traceback)"))
+    return 1

@@ -1,0 +1,25 @@
+"""``ddtrain report DIR``: its flags; the report itself is ``ddtrain.report``."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ddtrain.report.build import build
+
+
+def add_arguments(p) -> None:
+    p.add_argument("dir", help="results folder (from ddtrain bench scaling, bench collectives --json, train --out)")
+    p.add_argument("--out", default=None, help="folder for report.md, report.html, report_files/ (None: DIR itself)")
+    p.add_argument("--title", default=None, help="the report's title")
+    p.add_argument("--all-timelines", action="store_true",
+                   help="a utilisation/traffic timeline for every cell, not only each strategy's largest")
+
+
+def main(args) -> int:
+    root = Path(args.dir)
+    out = Path(args.out) if args.out else root
+    result = build(root, out, title=args.title, all_timelines=args.all_timelines)
+    print(f"# ddtrain report: {len(result['figures'])} figures")
+    for title in result["figures"]:
+        print(f"#   {title}")
+    print(f"# wrote {result['markdown']} and {result['html']} (self-contained)")
+    return 0

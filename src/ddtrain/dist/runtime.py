@@ -1,0 +1,156 @@
+"""This process in the job: join the process group, pick device and backend, and answer rank, world
+size and device from then on. The launcher's variables are read by ``ddtrain.dist.env``."""
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import sys
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from ddtrain.dist.env import LaunchEnv, detect_env
+from ddtrain.errors import DDTrainError
+
+DEFAULT_TIMEOUT_S = float(os.environ.get("DDTRAIN_TIMEOUT_S", "300"))
+
+
+@dataclass
+class _State:
+    env: LaunchEnv
+    backend: str | None
+    device: torch.device
+    timeout_s: float
+    owns_group: bool
+
+
+_state: _State | None = None
+
+
+def _choose_backend(env: LaunchEnv, requested: str | None) -> str:
+    if requested:
+        if requested not in ("nccl", "gloo"):
+            raise DDTrainError(f"unknown backend {requested!r}; valid: gloo, nccl")
+        if requested == "nccl" and not torch.cuda.is_available():
+            raise DDTrainError("backend nccl needs CUDA, and this process sees no GPU")
+        return requested
+    if torch.cuda.is_available() and torch.cuda.device_count() >= env.local_world_size:
+        return "nccl"  # every local rank has a GPU of its own
+    return "gloo"
+
+
+def init(*, backend: str | None = None, timeout_s: float | None = None, device: str | None = None) -> LaunchEnv:
+    """Join the job the launcher started (or become a world of one) and pick device and backend.
+
+    Safe to call twice. ``backend`` overrides the choice (NCCL when every local rank has its
+    own GPU, Gloo otherwise; also ``DDTRAIN_BACKEND``); ``timeout_s`` bounds every collective
+    wait of the process group (``DDTRAIN_TIMEOUT_S``, default 300 s).
+    """
+    global _state
+    if _state is not None:
+        return _state.env
+    env = detect_env()
+    timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
+    if timeout_s <= 0:
+        raise DDTrainError(f"timeout must be positive, got {timeout_s}")
+    chosen = _choose_backend(env, backend or os.environ.get("DDTRAIN_BACKEND"))
+    if device is not None:
+        dev = torch.device(device)
+    elif chosen == "nccl" or (env.launcher == "none" and torch.cuda.is_available()):
+        dev = torch.device("cuda", env.local_rank)
+    else:
+        dev = torch.device("cpu")
+    if dev.type == "cuda":
+        torch.cuda.set_device(dev)
+    elif env.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:
+        # Local ranks share the cores; more threads than cores per rank only thrash.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // env.local_world_size))
+    owns = False
+    if env.launcher != "none" and not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", env.master_addr)
+        os.environ.setdefault("MASTER_PORT", str(env.master_port))
+        kwargs = dict(backend=chosen, rank=env.rank, world_size=env.world_size,
+                      timeout=datetime.timedelta(seconds=timeout_s), init_method="env://")
+        if chosen == "nccl":
+            kwargs["device_id"] = dev
+        dist.init_process_group(**kwargs)
+        owns = True
+    _state = _State(env, chosen if env.launcher != "none" or dist.is_initialized() else None,
+                    dev, timeout_s, owns)
+    return env
+
+
+AT_SHUTDOWN: list = []   # callables run (last registered first) by shutdown(), before the group goes
+
+
+def shutdown() -> None:
+    """Finish what registered itself (a strategy's last messages), leave the process group (if ours), forget."""
+    global _state
+    while AT_SHUTDOWN:
+        AT_SHUTDOWN.pop()()
+    if _state is not None and _state.owns_group and dist.is_initialized():
+        gc.collect()  # wrappers left in reference cycles (DDP's reducer) let go of the group first
+        dist.destroy_process_group()
+    _state = None
+
+
+def _s() -> _State:
+    if _state is None:
+        init()
+    return _state
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else _s().env.rank
+
+
+def world_size() -> int:
+    return dist.get_world_size() if dist.is_initialized() else _s().env.world_size
+
+
+def local_rank() -> int:
+    return _s().env.local_rank
+
+
+def local_world_size() -> int:
+    return _s().env.local_world_size
+
+
+def device() -> torch.device:
+    return _s().device
+
+
+def backend() -> str | None:
+    return dist.get_backend() if dist.is_initialized() else None
+
+
+def timeout_s() -> float:
+    return _s().timeout_s
+
+
+def launcher() -> str:
+    return _s().env.launcher
+
+
+def print0(*args, **kwargs) -> None:
+    """print() on rank 0 only (flushed, so logs interleave sensibly under launchers)."""
+    if rank() == 0:
+        kwargs.setdefault("flush", True)
+        print(*args, **kwargs)
+
+
+def rank_prefix() -> str:
+    """'[rank R] ' inside a multi-process job, '' otherwise."""
+    env = detect_env()
+    return f"[rank {env.rank}] " if env.world_size > 1 else ""
+
+
+def eprint(message: str) -> None:
+    """One line to stderr, prefixed with this process's rank in a multi-process job."""
+    print(f"{rank_prefix()}{message}", file=sys.stderr, flush=True)

@@ -1,0 +1,271 @@
+"""What a training run measures about itself: per-step time split, timelines, system monitoring.
+
+``ddtrain train --profile`` (implied by ``--trace FILE`` and ``--monitor-system``) adds a ``Profiler``
+callback to ``fit``; ``ddtrain bench scaling`` turns it on for every cell. It adds to the
+results record (rank 0 rewrites ``--out`` at the end, atomically):
+
+* ``profile``: per rank, the mean seconds per timed step (steps after ``--warmup-steps``) of
+  ``data_s`` (waiting for the batch, plus the loop's per-step bookkeeping), ``compute_s``
+  (forward+backward), ``comm_wait_s`` (blocked on communication), ``optimizer_s``, and
+  ``other_s`` (in-loop work after the last step of an epoch: replica checks, checkpoints), next
+  to the wall-clock step time they tile (``step_time_s``); ``split_sum_pct`` is the share of
+  the step the four named parts explain;
+* ``monitor`` (``--monitor-system``): ``ddtrain.observe.monitor`` samples of every rank on one time axis;
+* ``--trace FILE``: the Chrome trace of ``ddtrain.observe.timeline``, and a straggler line.
+
+How the communication wait is found (docs/PERFORMANCE.md, "Step split"): a hook on every
+parameter notes when its gradient is accumulated; what ``forward+backward`` lasts after the
+last of them is waiting for the gradient sync (DDP's all-reduce not hidden behind the
+backward pass). Exchanges of our own algorithms (``ddtrain.comm``) run by the training
+thread are blocking waits wherever they fall (inside backward for a DDP hook, in the
+optimizer step for parameter servers); they are taken out of compute or optimizer time.
+"""
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+
+from ddtrain.observe import files
+from ddtrain.dist import runtime
+from ddtrain.observe import tracing
+from ddtrain.comm import traffic
+from ddtrain.errors import DDTrainError
+from ddtrain.training.callbacks import Callback
+from ddtrain.observe.step_split import split_steps
+from ddtrain.observe.timeline import chrome_trace, estimate_offsets, straggler_summary
+
+STEP_SPANS = ("data", "forward+backward", "optimizer+sync")
+PARTS = ("data_s", "compute_s", "comm_wait_s", "optimizer_s")
+
+
+def add_arguments(p) -> None:
+    g = p.add_argument_group("measurement (ddtrain bench scaling sets these)")
+    g.add_argument("--profile", action="store_true",
+                   help="add each rank's step split (data, compute, communication wait, optimizer) to the record")
+    g.add_argument("--trace", metavar="FILE", default=None,
+                   help="write a Chrome-trace JSON of every rank on one clock (implies --profile)")
+    # Not "--monitor": torchrun's parser (which run_local feeds our flags through) would take it
+    # for an abbreviation of its own --monitor-interval and stop.
+    g.add_argument("--monitor-system", action="store_true",
+                   help="sample CPU, GPU and network per rank into the record (implies --profile)")
+    g.add_argument("--monitor-every", type=float, default=0.5, metavar="SECONDS",
+                   help="seconds between --monitor-system samples")
+    g.add_argument("--warmup-steps", type=int, default=0, help="first steps left out of the profile's times")
+
+
+def validate(args) -> None:
+    """Check the measurement flags before any worker starts."""
+    if args.trace and not str(args.trace).endswith(".json"):
+        raise DDTrainError(f"--trace {args.trace!r} should name a .json file")
+    if not args.monitor_every > 0:
+        raise DDTrainError(f"--monitor-every must be positive, got {args.monitor_every}")
+    if args.warmup_steps < 0:
+        raise DDTrainError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
+
+
+def callbacks(args, config) -> list:
+    """The callbacks ``ddtrain train`` passes to ``fit`` for these flags (none when all are off)."""
+    if not (args.profile or args.trace or args.monitor_system):
+        return []
+    validate(args)  # again: under a launcher the checks before the launch did not run
+    return [Profiler(trace_path=args.trace, monitor=args.monitor_system, interval_s=args.monitor_every,
+                     warmup_steps=args.warmup_steps)]
+
+
+class Profiler(Callback):
+    """The measurement callback (see the module docstring); all ranks, servers included, run it."""
+
+    def __init__(self, *, trace_path=None, monitor=False, interval_s=0.5, warmup_steps=0):
+        self.trace_path, self.monitor_on, self.interval_s = trace_path, monitor, interval_s
+        self.warmup_steps = warmup_steps
+        self.monitor = None
+        self._spans: list[tuple] = []
+        self._buckets: list[dict] = []
+        self._grad_done_s = None
+        self._step_ends: list[tuple[int, float, float | None]] = []   # (step, wall end, grad done)
+        self._cpu_ends: list[float] = []    # this process's CPU seconds (all threads) at each step end
+        self._step = 0
+
+    # -- recording (cheap: a clock read and an append) --------------------------------
+    def on_train_begin(self, state):
+        self.synced = state["synced"]
+        self.batch_size = state["config"].batch_size
+        self.gradient_bytes = sum(p.numel() * p.element_size() for p in state["model"].parameters() if p.requires_grad)
+        self.clock = estimate_offsets()
+        self.origin_s = time.perf_counter()
+        self.wall_minus_perf = _wall_minus_perf()
+        self._started_tracing = not tracing.enabled()
+        if self._started_tracing:
+            tracing.start()
+        self._threads = {threading.get_ident()}
+        traffic.add_hook(self._on_span)
+        self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
+                       for p in state["model"].parameters() if p.requires_grad]
+        self.ddp_note = self._time_ddp_buckets() if self.trace_path else None
+        if self.monitor_on:
+            from ddtrain.observe.monitor import Monitor
+            self.monitor = Monitor(self.interval_s, device=runtime.device(),
+                                   strategy_stats=lambda: self.synced.stats).start()
+
+    def on_step_begin(self, step, state):
+        self._grad_done_s, self._step = None, step
+
+    def on_step_end(self, step, logs, state):
+        self._step_ends.append((self._step, time.perf_counter(), self._grad_done_s))
+        self._cpu_ends.append(time.process_time())
+
+    def _on_grad(self, _param):
+        self._grad_done_s = time.perf_counter()
+        self._threads.add(threading.get_ident())
+
+    def _on_span(self, span):
+        w = self.wall_minus_perf
+        self._spans.append((span.name, span.start_s - w, span.end_s - w, span.peer, span.nbytes, span.direction,
+                            threading.get_ident()))
+
+    def _time_ddp_buckets(self):
+        """Per-bucket spans for plain DDP: a comm hook doing what DDP's default all-reduce does, timed."""
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        model = self.synced.model
+        if not isinstance(model, DDP) or getattr(model, "_comm_hooks", None):
+            return None
+
+        def hook(group, bucket):
+            start, step = time.perf_counter(), self._step
+            nbytes = bucket.buffer().numel() * bucket.buffer().element_size()
+
+            def done(fut):
+                self._buckets.append({"index": bucket.index(), "start_s": start, "end_s": time.perf_counter(),
+                                      "nbytes": nbytes, "step": step})
+                return fut.value()[0] if isinstance(fut.value(), list) else fut.value()
+            return allreduce_hook(group, bucket).then(done)
+
+        model.register_comm_hook(model.process_group, hook)
+        return "with --trace, DDP's all-reduce runs through a timing comm hook (torch's allreduce_hook)"
+
+    # -- summarising (once, at the end) -------------------------------------------------
+    def _steps(self) -> list[dict]:
+        by_step: dict[int, dict] = {}
+        for e in tracing.events():
+            if e["name"] in STEP_SPANS and "step" in e["args"]:
+                s = by_step.setdefault(e["args"]["step"], {"step": e["args"]["step"]})
+                if e["name"] == "data":
+                    s["begin_s"], s["data_end_s"] = e["start_s"], e["end_s"]
+                elif e["name"] == "forward+backward":
+                    s["compute_end_s"] = e["end_s"]
+                else:
+                    s["end_s"] = e["end_s"]
+        ends = {step: (wall, grad) for step, wall, grad in self._step_ends}
+        steps = [s for _, s in sorted(by_step.items()) if len(s) == 5]
+        for i, s in enumerate(steps):
+            wall, s["grad_done_s"] = ends.get(s["step"], (None, None))
+            if i + 1 == len(steps):
+                s["wall_end_s"] = s["end_s"]     # the run's last step: what follows is the end of the run
+                continue
+            following = steps[i + 1]["begin_s"]
+            # the next step starts where this one's optimizer ended, unless an epoch ended in between
+            s["wall_end_s"] = following if following == s["end_s"] else (wall or s["end_s"])
+        return steps
+
+    def summary(self) -> dict:
+        """This rank's part of the profile (and its raw material for the trace)."""
+        steps = self._steps()
+        blocking = [(s[1], s[2]) for s in self._spans if s[6] in self._threads]
+        split = split_steps(steps, blocking)
+        warm = min(self.warmup_steps, max(len(split) - 1, 0))
+        timed = split[warm:]
+        mean = {k: (sum(s[k] for s in timed) / len(timed) if timed else None) for k in (*PARTS, "other_s", "step_s")}
+        parts = sum(mean[k] for k in PARTS) if timed else None
+        mine = {"rank": runtime.rank(), "role": self.synced.role, "timed_steps": len(timed), "warmup_steps": warm,
+                "split_s": {k: mean[k] for k in PARTS}, "other_s": mean["other_s"], "split_sum_s": parts,
+                "step_time_s": mean["step_s"],
+                "step_time_median_s": statistics.median(s["step_s"] for s in timed) if timed else None,
+                "step_time_min_s": min(s["step_s"] for s in timed) if timed else None,
+                "cpu_per_step_s": self._cpu_per_step(warm),
+                "split_sum_pct": 100 * parts / mean["step_s"] if timed and mean["step_s"] else None,
+                "busy_per_step_s": [s["data_s"] + s["compute_s"] + s["optimizer_s"] for s in timed],
+                "window_s": [steps[warm]["begin_s"], steps[-1]["wall_end_s"]] if steps else None}
+        if self.trace_path:
+            mine["trace"] = {"steps": steps, "comm": [s[:6] for s in self._spans], "buckets": self._buckets}
+        return mine
+
+    def _cpu_per_step(self, warm: int) -> float | None:
+        """CPU seconds of this process per step after the warm-up (epoch ends included)."""
+        cpu = self._cpu_ends
+        if warm < 1 or len(cpu) <= warm:
+            return (cpu[-1] - cpu[0]) / (len(cpu) - 1) if len(cpu) > 1 else None
+        return (cpu[-1] - cpu[warm - 1]) / (len(cpu) - warm)
+
+    def on_train_end(self, record, state):
+        for h in self._hooks:
+            h.remove()
+        traffic.remove_hook(self._on_span)
+        monitored = self.monitor.stop() if self.monitor else None
+        mine = self.summary()
+        if self._started_tracing:
+            tracing.stop()
+        if monitored is not None:
+            mine["monitor"] = monitored
+        everyone = _gather(mine)
+        if runtime.rank() == 0:
+            self._finish(record, everyone, state["config"])
+
+    def _finish(self, record: dict, everyone: list[dict], config) -> None:
+        offsets = self.clock["offsets_s"]
+
+        def rel(rank, t):  # a rank's clock reading -> seconds since rank 0's start, on rank 0's clock
+            return t - (offsets[rank] if rank < len(offsets) else 0.0) - self.origin_s
+
+        workers = [r for r in everyone if r["role"] == "worker" and r["step_time_s"]]
+        step_time = max((r["step_time_s"] for r in workers), default=None)
+        straggler = straggler_summary({r["rank"]: r["split_s"] for r in workers if r["timed_steps"]},
+                                      {r["rank"]: r["busy_per_step_s"] for r in workers if r["timed_steps"]})
+        profile = {"warmup_steps": self.warmup_steps, "clock": self.clock, "step_time_s": step_time,
+                   "samples_per_s": len(workers) * self.batch_size / step_time if step_time else None,
+                   "samples_per_step": len(workers) * self.batch_size, "gradient_bytes": self.gradient_bytes,
+                   "straggler": straggler,
+                   "ranks": [{k: v for k, v in r.items() if k not in ("trace", "monitor", "busy_per_step_s")}
+                             | {"window_s": [rel(r["rank"], t) for t in r["window_s"]] if r["window_s"] else None}
+                             for r in everyone],
+                   "trace": str(self.trace_path) if self.trace_path else None, "notes": [self.ddp_note] if self.ddp_note else []}
+        record["profile"] = profile
+        if self.monitor_on:
+            ranks = []
+            for r in everyone:
+                m = dict(r["monitor"])
+                m["samples"] = dict(m["samples"], t_s=[rel(r["rank"], t) for t in m["samples"]["t_s"]])
+                ranks.append({"rank": r["rank"], "role": r["role"], **m})
+            record["monitor"] = {"clock": "seconds since rank 0 started training, on rank 0's clock", "ranks": ranks}
+        if self.trace_path:
+            trace = chrome_trace([{"rank": r["rank"], "role": r["role"], **r["trace"]} for r in everyone], offsets,
+                                 {"straggler": straggler.get("text"), "strategy": config.strategy})
+            files.write_json(self.trace_path, trace)
+        if not config.quiet:
+            runtime.print0(f"# profile: {straggler.get('text')}")
+            if self.trace_path:
+                runtime.print0(f"# trace: {self.trace_path} (open in ui.perfetto.dev or chrome://tracing)")
+        if config.out:
+            files.write_json(config.out, record)
+
+
+def _wall_minus_perf() -> float:
+    """time.time() - time.perf_counter(), read tightly (traffic spans use the wall clock)."""
+    best = None
+    for _ in range(5):
+        a = time.perf_counter()
+        w = time.time()
+        b = time.perf_counter()
+        if best is None or b - a < best[0]:
+            best = (b - a, w - (a + b) / 2)
+    return best[1]
+
+
+def _gather(mine: dict) -> list[dict]:
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return [mine]
+    out: list | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(mine, out, dst=0)
+    return out

@@ -1,0 +1,281 @@
+"""Checkpoints: all a run needs to continue step for step, written atomically, read without running code.
+
+One file per checkpoint, ``DIR/ckpt-00000120.pt`` for the state after 120 steps, holding every
+rank's part: rank 0 gathers the parts (``gather_object``), alone writes and reads the files,
+and on resume hands each rank its own part back (``scatter_object_list``). So the directory
+only has to exist on rank 0's host, and a checkpoint is complete or absent, never half of
+the ranks. A rank's part is its RNG states (torch CPU and CUDA, Python ``random``, numpy)
+and its running epoch metrics; the model, optimizer and gradient-scaler states are stored
+once when the strategy keeps replicas identical (ddp and the all-reduce strategies), else
+once per rank.
+
+File format: the line ``DDTRAIN-CHECKPOINT 1``, one line of JSON (step, epoch, step in the
+epoch, world size, the run's fingerprint, and the payload's byte length and SHA-256), then
+the payload as ``torch.save`` wrote it. A file that is shorter or longer than its header
+says, or whose bytes do not hash to it, is reported as damaged and skipped; the payload is
+read with ``torch.load(weights_only=True)``, so a checkpoint holds tensors and plain
+containers only and can never execute code. Files are written to a temporary name, flushed
+to disk, then renamed: a crash mid-write leaves the previous checkpoints as they were.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import random
+import re
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ddtrain.observe import files
+from ddtrain.errors import DDTrainError
+
+MAGIC = b"DDTRAIN-CHECKPOINT 1\n"
+FORMAT = 1
+NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
+
+
+class Damaged(Exception):
+    """A checkpoint file that cannot be trusted; the message says why."""
+
+
+def path_for(directory, step: int) -> Path:
+    return Path(directory) / f"ckpt-{step:08d}.pt"
+
+
+def listing(directory) -> list[tuple[int, Path]]:
+    """(step, path) of every file named like a checkpoint, newest first (not yet verified)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), directory / name) for name in os.listdir(directory) if (m := NAME.match(name))]
+    return sorted(found, reverse=True)
+
+
+# ---- one file -------------------------------------------------------------------------------
+
+def write(path, header: dict, payload: dict) -> Path:
+    """Write ``payload`` (tensors and plain containers) under ``header``, atomically."""
+    buffer = io.BytesIO()
+    torch.save(payload, buffer)
+    data = buffer.getvalue()
+    header = {**header, "format": FORMAT, "payload_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    line = json.dumps(header, sort_keys=True, default=str).encode() + b"\n"
+
+    def _write(tmp):
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + line)
+            f.write(data)
+    return files.atomic_write(path, _write)
+
+
+def read_header(path) -> tuple[dict, int]:
+    """The header and the payload's offset; raises Damaged if the file is not whole."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(len(MAGIC))
+            line = f.readline(1 << 20)
+            offset = f.tell()
+        size = os.path.getsize(path)
+    except OSError as exc:
+        raise Damaged(f"unreadable: {exc.strerror or exc}") from None
+    if magic != MAGIC:
+        raise Damaged("not a ddtrain checkpoint (bad magic line)" if size >= len(MAGIC) else f"truncated: {size} bytes")
+    try:
+        header = json.loads(line)
+        expected = offset + int(header["payload_bytes"])
+    except (ValueError, KeyError, TypeError):
+        raise Damaged("truncated or corrupt header") from None
+    if size != expected:
+        raise Damaged(f"{'truncated' if size < expected else 'too long'}: {size} of {expected} bytes")
+    return header, offset
+
+
+def read(path) -> tuple[dict, dict]:
+    """(header, payload) of a whole, uncorrupted checkpoint; raises Damaged otherwise."""
+    header, offset = read_header(path)
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    if len(data) != header["payload_bytes"]:
+        raise Damaged(f"truncated while reading: {offset + len(data)} of {offset + header['payload_bytes']} bytes")
+    if hashlib.sha256(data).hexdigest() != header.get("sha256"):
+        raise Damaged("checksum mismatch (the bytes changed after writing)")
+    try:
+        payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # weights_only refuses anything but tensors and plain containers
+        lines = str(exc).splitlines()
+        why = next((line.strip() for line in lines if "Unpickler error" in line), lines[0] if lines else "")
+        raise Damaged(f"refused by torch.load(weights_only=True): {why[:200]}") from None
+    return header, payload
+
+
+def newest(directory, *, warn=None, quarantine: bool = False):
+    """(path, header, payload) of the newest whole checkpoint in ``directory``, or None.
+
+    Damaged files are skipped with a warning naming them (``warn(message)``); with
+    ``quarantine`` they are renamed to ``*.damaged`` so that later rotation never mistakes
+    them for the newest.
+    """
+    skipped = []
+    for _, path in listing(directory):
+        try:
+            header, payload = read(path)
+        except Damaged as exc:
+            skipped.append(path)
+            if warn:
+                warn(f"checkpoint {path} is damaged ({exc}); trying the previous one")
+            continue
+        if quarantine:
+            for bad in skipped:
+                os.replace(bad, bad.with_name(bad.name + ".damaged"))
+        return path, header, payload
+    return None
+
+
+def rotate(directory, keep: int) -> list[Path]:
+    """Delete all but the ``keep`` newest checkpoints and any temporary files of crashed writes."""
+    removed = []
+    for _, path in listing(directory)[keep:]:
+        path.unlink(missing_ok=True)
+        removed.append(path)
+    for name in os.listdir(directory):
+        if name.startswith(".ckpt-") and name.endswith(".tmp"):
+            (Path(directory) / name).unlink(missing_ok=True)
+    return removed
+
+
+def check_dir(config, fingerprint: dict) -> None:
+    """Before any worker starts: --checkpoint-dir usable, and --resume has something that fits to resume."""
+    from ddtrain.reliability import guard
+    directory = config.checkpoint_dir
+    if not directory:
+        return
+    if Path(directory).exists() and not Path(directory).is_dir():
+        raise DDTrainError(f"--checkpoint-dir {directory!r} is a file, not a directory")
+    files.check_writable(Path(directory) / "ckpt", "--checkpoint-dir")
+    found = listing(directory)
+    if not config.resume:
+        if found:
+            raise DDTrainError(f"--checkpoint-dir {directory} already holds checkpoints (newest: {found[0][1].name}); "
+                               "pass --resume to continue from it, or choose an empty directory")
+        return
+    if not found:
+        raise DDTrainError(f"--resume: no checkpoint in {directory}")
+    damaged = []
+    for _, path in found:  # the cheap test (header and length) here; rank 0 verifies the checksum
+        try:
+            header, _ = read_header(path)
+        except Damaged as exc:
+            damaged.append(f"{path.name} ({exc})")
+            continue
+        guard.check_resumable(header, fingerprint, path)
+        return
+    raise DDTrainError(f"--resume: every checkpoint in {directory} is damaged: {'; '.join(damaged)}")
+
+
+# ---- what a rank contributes ----------------------------------------------------------------
+
+def rng_state() -> dict:
+    """This process's random number generators, as tensors and plain values."""
+    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    try:
+        import numpy as np
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state["numpy"] = (kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss), float(cached))
+    except ImportError:
+        pass
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "numpy" in state:
+        import numpy as np
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+
+
+def to_cpu(value):
+    """A copy of nested state with every tensor on the CPU (what travels and what is saved)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, dict):
+        return {k: to_cpu(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_cpu(v) for v in value)
+    return value
+
+
+# ---- collectives: every rank calls these at the same step -----------------------------------
+
+def _distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def save(directory, step: int, header: dict, part: dict, shared: dict | None, *, keep: int) -> Path | None:
+    """Gather every rank's ``part`` to rank 0, which writes them with ``shared`` and rotates.
+
+    ``shared`` (model, optimizer, scaler states) is only read on rank 0.
+    """
+    part = to_cpu(part)
+    rank = dist.get_rank() if _distributed() else 0
+    if _distributed():
+        parts = [None] * dist.get_world_size() if rank == 0 else None
+        dist.gather_object(part, parts, dst=0)
+    else:
+        parts = [part]
+    if rank != 0:
+        return None
+    payload = {"format": FORMAT, "step": step, "shared": to_cpu(shared), "ranks": parts}
+    path = write(path_for(directory, step), {**header, "world_size": len(parts)}, payload)
+    rotate(directory, keep)
+    return path
+
+
+def restore(directory, *, required: bool, warn, check=None):
+    """Every rank's part of the newest whole checkpoint: (header, shared, my part), or None if none.
+
+    Rank 0 finds and verifies the file (``check(header)`` may raise DDTrainError for an
+    incompatible one) and sends each rank its part; every rank raises the same error.
+    """
+    rank = dist.get_rank() if _distributed() else 0
+    verdict, parts = None, None
+    if rank == 0:
+        try:
+            found = newest(directory, warn=warn, quarantine=True) if Path(directory).is_dir() else None
+            if found is None and required:
+                raise DDTrainError(f"--resume: no whole checkpoint in {directory}")
+            if found is not None:
+                path, header, payload = found
+                if check:
+                    check(header)
+                ranks = payload["ranks"]
+                verdict = {"path": str(path), "header": header}
+                parts = [(payload["shared"], part) for part in ranks]
+        except DDTrainError as exc:
+            verdict = {"error": str(exc)}
+    if _distributed():
+        box = [verdict]
+        dist.broadcast_object_list(box, src=0)
+        verdict = box[0]
+    if verdict is not None and "error" in verdict:
+        raise DDTrainError(verdict["error"])
+    if verdict is None:
+        return None
+    if _distributed():
+        mine = [None]
+        dist.scatter_object_list(mine, parts if rank == 0 else None, src=0)
+        shared, part = mine[0]
+    else:
+        shared, part = parts[0]
+    return {**verdict["header"], "path": verdict["path"]}, shared, part

@@ -1,0 +1,73 @@
+"""Deliberate faults, for testing what users see when things break (never set in normal use).
+
+``DDTRAIN_FAULT="rank=1,step=3,kind=raise"`` makes rank 1 fail at the start of step 3 (counted
+over the whole run). Kinds:
+
+* ``raise``: an exception; ``exit``: ``os._exit(3)``; ``kill``: SIGKILL to itself;
+* ``hang``: sleeps inside the step, holding up its peers;
+* ``skip``: skips the step's collectives and every later one, staying alive (its heartbeat
+  goes on), as a rank stuck in a data-dependent branch would: its peers wait for it;
+* ``nan``: this step's forward pass on that rank returns NaN (a numerical fault, once);
+* ``corrupt``: adds noise to that rank's first parameter (a silent divergence of replicas).
+
+A fault fires only in the first attempt of a job (``TORCHELASTIC_RESTART_COUNT`` 0), so
+restarted workers run clean.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+from ddtrain.errors import DDTrainError
+
+KINDS = ("raise", "exit", "kill", "hang", "skip", "nan", "corrupt")
+
+
+class InjectedFault(RuntimeError):
+    """Raised by a ``kind=raise`` fault."""
+
+
+def _parse(text: str) -> dict:
+    spec = dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+    try:
+        rank, step = int(spec["rank"]), int(spec["step"])
+    except (KeyError, ValueError):
+        raise DDTrainError(f"DDTRAIN_FAULT={text!r}: expected rank=R,step=S,kind=K") from None
+    kind = spec.get("kind", "raise")
+    if kind not in KINDS:
+        raise DDTrainError(f"DDTRAIN_FAULT kind {kind!r}: valid: {', '.join(KINDS)}")
+    return {"rank": rank, "step": step, "kind": kind}
+
+
+_fault = _parse(os.environ["DDTRAIN_FAULT"]) if os.environ.get("DDTRAIN_FAULT") else None
+
+
+def maybe_inject(step: int, rank: int, module=None) -> None:
+    """Called at the start of every training step; does nothing unless DDTRAIN_FAULT matches."""
+    if _fault is None or _fault["rank"] != rank or _fault["step"] != step:
+        return
+    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        return
+    kind = _fault["kind"]
+    if kind == "raise":
+        raise InjectedFault(f"rank {rank} deliberately failed at step {step} (DDTRAIN_FAULT)")
+    if kind == "exit":
+        os._exit(3)
+    if kind == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "nan":
+        handle = module.register_forward_hook(lambda _m, _inputs, out: (handle.remove(), out * float("nan"))[1])
+        return
+    if kind == "corrupt":
+        import torch
+        with torch.no_grad():
+            next(module.parameters()).add_(1e-3)
+        return
+    if kind == "skip":
+        from ddtrain.reliability import stall
+        stall.mark(step, "skipping every collective from here on (DDTRAIN_FAULT kind=skip)")
+        print(f"[rank {rank}] DDTRAIN_FAULT: skipping the collectives of step {step} and after", file=sys.stderr,
+              flush=True)
+    time.sleep(10 ** 6)

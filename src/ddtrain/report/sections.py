@@ -1,0 +1,205 @@
+"""The report's sections: blocks (headings, paragraphs, tables, figures) from each kind of result.
+
+A block is a tuple: ``("h2", text)``, ``("p", text)``, ``("pre", text)``,
+``("table", columns, rows)`` or ``("img", png_path, title)``; ``report`` renders them as
+Markdown and as HTML. Table cells are strings, numbers formatted with their unit in the header.
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from ddtrain.report import plots
+from ddtrain.bench.tables import fmt
+
+# Which cost-model formula times a strategy's gradient sync (ddtrain.costmodel.PREDICTORS), and
+# over how many ranks: parameter servers are the central (master) pattern over workers + servers.
+STRATEGY_ALGORITHM = {"ddp": "native", "ring": "ring", "ring-async": "ring-async", "tree": "tree",
+                      "butterfly": "butterfly", "central": "central", "ps-sync": "central", "hybrid": "ring"}
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+
+
+def _ms(v) -> str:
+    return fmt(None if v is None else 1e3 * v, 1)
+
+
+def _figure(files: Path, name: str, draw, *args) -> tuple:
+    path = files / f"{_slug(name)}.png"
+    title = draw(*args, path)
+    return ("img", path, title)
+
+
+def scaling_blocks(path: Path, result: dict, files: Path, calibration: dict | None, all_timelines: bool) -> list:
+    c, rows = result["config"], result["cells"]
+    ok = [r for r in rows if r["ok"]]
+    prefix = _slug(path.parent.name or "scaling")
+    blocks: list = [("h2", f"Scaling: {c['model']} on {c['data']}"),
+                    ("p", f"From `{path}`: {len(rows)} cells ({len(ok)} ran), {result['cores']} CPU cores, "
+                          f"{c['warmup_steps']} warm-up steps left out of every time, "
+                          + (f"{c['steps']} timed steps per cell (epoch times extrapolated)" if c["steps"]
+                             else f"{c['epochs']} epoch(s) per cell (epoch times measured)")
+                          + ". Workers train on data; ps-* cells add their server ranks (column ranks)."
+                          + _load_note(result))]
+    table = []
+    for r in rows:
+        if not r["ok"]:
+            table.append([r["strategy"], r["workers"], r["ranks"], r["batch_size"], r["loader_workers"], r["amp"],
+                          "FAILED", *[""] * 11])
+            continue
+        s = r["split_s"]
+        worst = max(r["split_sum_pct"], key=lambda v: abs(v - 100)) if r["split_sum_pct"] else None
+        table.append([r["strategy"], r["workers"], r["ranks"], r["batch_size"], r["loader_workers"], r["amp"],
+                      fmt(r["samples_per_s"], 1), _ms(r["step_time_s"]), fmt(r["epoch_time_s"], 1),
+                      r["epoch_time_kind"], fmt(r.get("speedup"), 2),
+                      fmt(100 * r["efficiency"] if r.get("efficiency") is not None else None, 0),
+                      *[_ms(s.get(k)) for k, _ in plots.PARTS], fmt(worst, 1)])
+    blocks.append(("table", ["strategy", "workers", "ranks", "batch (/worker)", "loader workers", "amp",
+                             "throughput (samples/s)", "step (ms)", "epoch (s)", "epoch time is", "speed-up (x)",
+                             "efficiency (%)", "data wait (ms)", "compute (ms)", "comm wait (ms)", "optimizer (ms)",
+                             "other (ms)", "4 parts / step (%)"], table))
+    if not ok:
+        return blocks + [("p", "No cell ran; see the FAILED lines in scaling.txt and the cells' .log files.")]
+    vary = plots.varying(ok)
+    blocks.append(_figure(files, f"{prefix}-throughput", plots.throughput_vs_workers, ok))
+    if "workers" in vary:
+        blocks.append(_figure(files, f"{prefix}-speedup", plots.speedup_vs_workers, ok))
+    blocks.append(_figure(files, f"{prefix}-step-split", plots.step_split, ok))
+    blocks.append(("table", ["cell", "rank", "role", "data wait (ms)", "compute (ms)", "comm wait (ms)",
+                             "optimizer (ms)", "other (ms)", "measured step (ms)", "4 parts / step (%)"],
+                   [[r["cell"], x["rank"], x["role"], *[_ms(x.get(k)) for k, _ in plots.PARTS], _ms(x["step_time_s"]),
+                     fmt(x["split_sum_pct"], 1)] for r in ok for x in r["per_rank"]]))
+    if "batch_size" in vary:
+        blocks.append(_figure(files, f"{prefix}-time-vs-batch", plots.time_vs_batch, ok))
+    else:
+        blocks.append(("p", "Training time against batch size (000 Tables 7.1-7.3) needs `--batch-sizes` with "
+                            "two or more values."))
+    if "loader_workers" in vary:
+        blocks.append(_figure(files, f"{prefix}-time-vs-loader", plots.time_vs_loader_workers, ok))
+    else:
+        blocks.append(("p", "Epoch time against data-loader workers (004 §6.2.3) needs `--loader-workers` with "
+                            "two or more values."))
+    blocks += _timelines(path, ok, files, prefix, all_timelines)
+    blocks += _network(ok)
+    stragglers = [f"- {r['cell']}: {r['straggler']}" for r in ok if r.get("straggler") and r["workers"] > 1]
+    if stragglers:
+        blocks += [("h3", "Stragglers"), ("p", "\n".join(stragglers))]
+    blocks += _cost_model(ok, calibration, files, prefix)
+    return blocks
+
+
+def _load_note(result: dict) -> str:
+    load = result.get("loadavg_1min")
+    if not load or load[0] is None:
+        return ""
+    note = f" The host's 1-minute load average was {load[0]:.1f} at the start and {load[1]:.1f} at the end"
+    if max(load) > result["cores"]:
+        note += (f", more than its {result['cores']} cores: other processes competed for the CPU, so times vary "
+                 "from run to run (compare the 1-worker cells of different strategies, which run the same code)")
+    return note + "."
+
+
+def _timelines(path: Path, ok: list[dict], files: Path, prefix: str, all_timelines: bool) -> list:
+    chosen = ok if all_timelines else [max((r for r in ok if r["strategy"] == s), key=lambda r: r["workers"])
+                                       for s in dict.fromkeys(r["strategy"] for r in ok)]
+    blocks: list = []
+    for r in chosen:
+        record = json.loads((path.parent / r["record"]).read_text())
+        if record.get("monitor"):
+            blocks.append(_figure(files, f"{prefix}-timeline-{r['cell']}", plots.utilisation_timeline, record,
+                                  f"{r['strategy']}, {r['workers']} worker(s)"))
+    if blocks:
+        blocks.insert(0, ("h3", "Utilisation and traffic per rank (002 Fig 4.5-4.22)"))
+    return blocks
+
+
+def _network(ok: list[dict]) -> list:
+    rows = [[r["cell"], ",".join(g["interfaces"]), ",".join(map(str, g["ranks"])), fmt(_mb(g["net_tx_bytes"]), 2),
+             fmt(_mb(g["ours_sent_bytes"]), 2), g["ours_method"], fmt(g["ratio"], 3)]
+            for r in ok for g in r.get("network", [])]
+    if not rows:
+        return []
+    return [("h3", "Bytes on the wire against our counters (timed steps)"),
+            ("p", "Interface bytes are the kernel's /proc/net/dev transmit counter (headers and every other "
+                  "process's traffic on that interface included); ours are payload bytes counted by ddtrain.comm "
+                  "(or the strategy's formula for ddp). Ranks sharing an interface are summed."),
+            ("table", ["cell", "interface", "ranks", "interface sent (MB)", "ours sent (MB)", "ours from",
+                       "interface / ours"], rows)]
+
+
+def _mb(v):
+    return None if v is None else v / 1e6
+
+
+def _cost_model(ok: list[dict], calibration: dict | None, files: Path, prefix: str) -> list:
+    from ddtrain.costmodel import LinkParams, predict_time
+    if not calibration:
+        return [("p", "Measured against cost-model time for these cells needs a calibration: put a "
+                      "`bench collectives --json` file in this folder.")]
+    params = LinkParams(alpha_s=calibration["params"]["alpha_s"],
+                        beta_s_per_byte=calibration["params"]["beta_s_per_byte"],
+                        gamma_s_per_byte=calibration["params"]["gamma_s_per_byte"])
+    rows, points = [], []
+    for r in ok:
+        algorithm = STRATEGY_ALGORITHM.get(r["strategy"])
+        nbytes = r.get("gradient_bytes")
+        if algorithm is None or r["ranks"] < 2 or not nbytes:
+            continue
+        predicted = predict_time(algorithm, nbytes, r["ranks"], params)
+        measured = r["split_s"]["comm_wait_s"]
+        points.append((r["strategy"], measured, predicted))
+        rows.append([r["cell"], algorithm, r["ranks"], fmt(nbytes / 1e6, 2), _ms(predicted), _ms(measured)])
+    if not rows:
+        return []
+    return [("h3", "Communication per step: measured wait against the α-β-γ model"),
+            ("p", f"Model: calibration α {calibration['params']['alpha_s'] * 1e6:.1f} us, "
+                  f"β {calibration['params']['beta_s_per_byte'] * 1e9:.3f} ns/B; predicted = one all-reduce of the "
+                  "gradient bytes with the strategy's algorithm. The measured wait is only the part not hidden "
+                  "behind the backward pass, so it can be below the prediction."),
+            ("table", ["cell", "model formula", "ranks", "gradient (MB)", "predicted (ms)", "measured wait (ms)"],
+             rows),
+            _figure(files, f"{prefix}-cost-model", plots.measured_vs_model, points, "gradient sync per step")]
+
+
+def records_blocks(records: list[tuple[Path, dict]], root: Path, files: Path) -> list:
+    rows = []
+    blocks: list = [("h2", "Training runs")]
+    for path, r in records:
+        last = r["epochs"][-1] if r["epochs"] else {}
+        profile = r.get("profile") or {}
+        rows.append([str(path.relative_to(root)), r["config"]["model"], r["config"]["data"], r["strategy"],
+                     r.get("workers", r["world_size"]), len(r["epochs"]), fmt(last.get("time_s"), 2),
+                     fmt(profile.get("samples_per_s") or last.get("samples_per_s"), 1),
+                     fmt(last.get("train_loss"), 4), fmt(last.get("val_accuracy"), 4)])
+    blocks.append(("table", ["record", "model", "data", "strategy", "workers", "epochs", "last epoch (s)",
+                             "throughput (samples/s)", "train loss", "val accuracy"], rows))
+    for path, r in records:
+        name = _slug(str(path.relative_to(root)))
+        if r.get("profile"):
+            ranks = [x for x in r["profile"]["ranks"] if x["timed_steps"]]
+            blocks.append(("table", ["record", "rank", "data wait (ms)", "compute (ms)", "comm wait (ms)",
+                                     "optimizer (ms)", "other (ms)", "measured step (ms)"],
+                           [[str(path.relative_to(root)), x["rank"], *[_ms({**x["split_s"], "other_s": x.get("other_s")}[k])
+                                                for k, _ in plots.PARTS], _ms(x["step_time_s"])] for x in ranks]))
+        if r.get("monitor"):
+            blocks.append(_figure(files, f"timeline-{name}", plots.utilisation_timeline, r, str(path.relative_to(root))))
+    return blocks
+
+
+def collectives_blocks(path: Path, result: dict, root: Path, files: Path) -> list:
+    name = _slug(str(path.relative_to(root)))
+    blocks: list = [("h2", f"Collectives: {path.relative_to(root)}"),
+                    _figure(files, f"busbw-{name}", plots.busbw_vs_size, result)]
+    summary = result.get("summary", {})
+    rows = [[a, fmt(v, 3), fmt((summary.get("prediction_error_pct", {}).get(a) or {}).get("median_abs"), 1)]
+            for a, v in summary.get("avg_busbw_GBps", {}).items()]
+    if rows:
+        blocks.append(("table", ["algorithm", "mean busbw (GB/s)", "model |error| at >= 1 MiB, median (%)"], rows))
+    points = [(r["algorithm"], r["time_us"] / 1e6, r["predicted_us"] / 1e6) for r in result["rows"] if r.get("predicted_us")]
+    if points:
+        blocks.append(_figure(files, f"cost-model-{name}", plots.measured_vs_model, points,
+                              f"one all-reduce, {result['world_size']} ranks"))
+    return blocks

@@ -1,0 +1,198 @@
+"""The asynchronous parameter server of ``ps-async``: apply each gradient as it arrives, staleness bounded.
+
+A worker computes a gradient on the parameters of version ``p`` (the server's update count
+when it pulled them); when the server applies it at version ``v`` its **staleness** is
+``v - p``, the number of other updates that happened meanwhile (002 §2.5's stale gradients).
+With W workers and no bound it is typically up to W-1. ``--staleness K`` bounds it, and the
+server keeps the bound with two rules (stale-synchronous parallel, in versions):
+
+* **Answer gate.** A worker gets fresh parameters (and may start its next gradient) only
+  while at most K other gradients are outstanding (being computed or received, not applied).
+  The newcomer's gradient is then at most K updates behind if the outstanding ones are
+  applied oldest first.
+* **Apply order.** A received gradient is applied only if every other outstanding gradient,
+  applied oldest first afterwards, would still be within K; otherwise it waits for the older
+  ones. The oldest outstanding gradient is always applicable, so nothing deadlocks.
+
+So a worker too far ahead waits (for its answer), and the realised staleness of every update
+is recorded in the server's stats (``staleness_histogram``, ``staleness_max``): it never
+exceeds K. K >= W-1 never makes anyone wait.
+
+Workers that are about to wait for each other (the loop's epoch-end metrics and validation,
+divergence checks) first send PAUSE, answered at once with the current parameters, which
+takes them out of the outstanding set until their next HELLO. Without it a worker held by
+the gate and the others waiting for it at a collective would wait for each other forever.
+
+"Whichever worker arrives first": on Gloo the server posts one receive *from any source*
+(``dist.irecv`` without ``src``; Gloo's ``recv_anysource``) into a free message buffer and
+waits for it with a deadline; the work names the sender. NCCL has no receive from any
+source, so there one receive stays posted per worker and the server polls
+``is_completed()`` (which Gloo's point-to-point works do not update before ``wait``),
+sleeping a little longer each idle round (50 us up to 2 ms) so as not to steal cores. NCCL
+runs a group's transfers in order on one stream, so on NCCL each worker-server pair has a
+process group of its own (``Plan.route``), and a worker's next receive is posted only after
+its parameters were sent: a receive posted first would hold the send behind it, and a receive
+for one worker would hold the answers to all the others (a hang on 4 H200s, fixed). Either
+way a worker that has parameters but sends nothing within the timeout is reported by name
+(see ``param_server.ServerCore.fail``).
+"""
+from __future__ import annotations
+
+import datetime
+import time
+from collections import Counter
+
+import torch.distributed as dist
+
+from ddtrain.comm import traffic
+from ddtrain.comm.p2p import CommError, wait
+from ddtrain.errors import DDTrainError
+from ddtrain.reliability.faults import maybe_inject
+from ddtrain.sync.ps.server import ServerCore
+from ddtrain.sync.ps.protocol import CONTROL_SUFFIX, FINAL, GRAD, HELLO, PARAMS, PAUSE, STOP, STOP_SUFFIX, reattribute
+
+MIN_SLEEP_S, MAX_SLEEP_S = 50e-6, 2e-3
+
+
+def feasible(outstanding: dict, worker: int, version: int, bound: int) -> bool:
+    """May ``worker``'s gradient (computed on ``outstanding[worker]``) be applied now at ``version``?"""
+    if version - outstanding[worker] > bound:
+        return False
+    rest = sorted(p for w, p in outstanding.items() if w != worker)
+    return all(version + 1 + i - p <= bound for i, p in enumerate(rest))
+
+
+class Arrivals:
+    """The next message from any worker, into ``core.inbox[worker]`` (see the module docstring)."""
+
+    def __init__(self, core: ServerCore):
+        self.core, self.plan = core, core.plan
+        self.anysource = (self.plan.pairs is None and self.plan.device.type == "cpu"
+                          and "gloo" in str(dist.get_backend()).lower())
+        self.free = [self.plan.message(core.index) for _ in range(2)] if self.anysource else []
+        self.posted = {}          # anysource: {None: (work, message)}; polling: {worker: pending}
+
+    def expect(self, worker: int) -> None:
+        """``worker`` may send now (its previous message, if any, has been consumed)."""
+        if self.anysource:
+            self.free.append(self.core.inbox.pop(worker, None) or self.plan.message(self.core.index))
+        else:
+            self.posted[worker] = self.core.post_receive(self.plan.comm(), worker, f"message {self.core.version}")
+
+    def release(self, worker: int) -> None:
+        """``worker`` will send nothing more (STOP): its landing buffer can be reused."""
+        if self.anysource:
+            self.free.append(self.core.inbox.pop(worker))
+
+    def next(self, timeout_s: float) -> int | None:
+        """The worker whose message landed, or None when ``timeout_s`` passed with none."""
+        return self._next_anysource(timeout_s) if self.anysource else self._next_polled(timeout_s)
+
+    def _next_anysource(self, timeout_s: float) -> int | None:
+        if None not in self.posted:
+            message = self.free.pop() if self.free else self.plan.message(self.core.index)
+            self.posted[None] = (dist.irecv(message.buffer), message)
+        work, message = self.posted[None]
+        try:
+            work.wait(timeout=datetime.timedelta(seconds=max(timeout_s, 1e-3)))
+        except RuntimeError as exc:
+            if "timed out" in str(exc).lower():
+                return None
+            raise CommError(f"{self.plan.name}: receive from any worker failed: {exc}") from exc
+        del self.posted[None]
+        worker = work._source_rank()
+        self.core.inbox[worker] = message
+        traffic.record(self.plan.name, bytes_received=message.buffer.numel(), messages_received=1)
+        return worker
+
+    def _next_polled(self, timeout_s: float) -> int | None:
+        deadline, sleep = time.monotonic() + timeout_s, MIN_SLEEP_S
+        while True:
+            for worker in sorted(self.posted):
+                if all(work.is_completed() for work in self.posted[worker].works):
+                    pending = self.posted.pop(worker)
+                    wait(pending.comm, pending)
+                    return worker
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(sleep)
+            sleep = min(sleep * 2, MAX_SLEEP_S)
+
+
+def serve_async(core: ServerCore, bound: int) -> None:
+    """Serve until every worker has sent STOP; then send all of them the final parameters."""
+    plan = core.plan
+    active = set(plan.workers)
+    arrivals = Arrivals(core)
+    expected_since = {}                # worker -> when we started waiting for its next message
+    outstanding: dict[int, int] = {}   # worker -> version its gradient is (being) computed on
+    received: dict[int, int] = {}      # worker -> version, gradient here but not applied yet
+    answer: list[tuple[int, str]] = [] # (worker, traffic suffix) waiting for parameters, first come first served
+    stopped: list[int] = []
+    staleness = Counter()
+    start = time.monotonic()
+    if not arrivals.anysource:
+        for w in sorted(active):
+            arrivals.expect(w)
+    expected_since = {w: start for w in active}
+    while active:
+        if not expected_since:   # cannot happen: the oldest outstanding gradient is always applicable
+            raise DDTrainError(f"{plan.name}: parameter server rank {core.rank} has nothing to wait for "
+                               f"(outstanding {outstanding}, received {received}, waiting {answer})")
+        with core.ledger.timed():
+            oldest = min(expected_since.items(), key=lambda item: (item[1], item[0]))
+            try:
+                w = arrivals.next(oldest[1] + plan.timeout_s - time.monotonic())
+            except CommError as exc:
+                core.fail(oldest[0], str(exc))
+        if w is None:
+            core.fail(oldest[0], f"no message for {plan.timeout_s:g}s")
+        expected_since.pop(w, None)
+        kind, version = core.inbox[w].read_header()
+        if kind in (HELLO, PAUSE, STOP):
+            reattribute(plan.name, STOP_SUFFIX if kind == STOP else CONTROL_SUFFIX, core.inbox[w].buffer.numel(), 1)
+        if kind == HELLO:
+            answer.append((w, CONTROL_SUFFIX))
+        elif kind == PAUSE:           # not computing any more: answer at once, outside the gate
+            outstanding.pop(w, None)
+            with core.ledger.timed():
+                core.send(plan.comm(suffix=CONTROL_SUFFIX), [w], PARAMS, "parameters (pause)")
+            arrivals.expect(w)
+            expected_since[w] = time.monotonic()     # it will say HELLO or STOP
+        elif kind == GRAD:
+            if outstanding.get(w) != version:
+                raise DDTrainError(f"{plan.name}: parameter server rank {core.rank}: worker rank {w} "
+                                   f"sent a gradient of version {version} it was never given")
+            received[w] = version
+        elif kind == STOP:
+            active.discard(w)
+            outstanding.pop(w, None)
+            stopped.append(w)
+            arrivals.release(w)
+        else:
+            raise DDTrainError(f"{plan.name}: parameter server rank {core.rank}: unexpected message "
+                               f"kind {kind} from worker rank {w}")
+        for w in sorted(received, key=lambda w: (received[w], w)):     # oldest first
+            if not feasible(outstanding, w, core.version, bound):
+                continue
+            staleness[core.version - received[w]] += 1
+            maybe_inject(core.version, core.rank)
+            core.apply_(core.inbox[w].payload)
+            del received[w], outstanding[w]
+            answer.append((w, ""))
+        with core.ledger.timed():
+            while answer and len(outstanding) <= bound:
+                w, suffix = answer.pop(0)
+                core.send(plan.comm(suffix=suffix), [w], PARAMS, f"parameters {core.version}")
+                # Only now: on NCCL a receive posted before this send would sit ahead of it on the
+                # stream, waiting for a message the worker sends only after these parameters.
+                arrivals.expect(w)
+                outstanding[w] = core.version
+                expected_since[w] = time.monotonic()
+    extra = core.stats.extra
+    extra["updates"] = core.version
+    extra["staleness_bound"] = bound
+    extra["staleness_histogram"] = {str(k): v for k, v in sorted(staleness.items())}
+    extra["staleness_max"] = max(staleness, default=0)
+    with core.ledger.timed():
+        core.send(plan.comm(suffix=STOP_SUFFIX), stopped, FINAL, "final parameters")

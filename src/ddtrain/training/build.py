@@ -1,0 +1,52 @@
+"""What a TrainConfig names, built: the dataset, the model, the optimizer; and the checks that need them.
+
+``validate`` runs before any worker starts (names, paths, sizes, the checkpoint directory), so a
+bad input fails once, in the launching process; ``load_and_build`` runs on every rank.
+"""
+from __future__ import annotations
+
+import torch
+
+from ddtrain.config import TrainConfig
+from ddtrain.errors import DDTrainError
+
+
+def load_and_build(config: TrainConfig, *, meta: bool = False):
+    """The dataset and the model the config names (the model on the meta device if ``meta``)."""
+    from ddtrain.data import load_dataset
+    from ddtrain.models import build_model
+    from ddtrain.sync import STRATEGIES
+    if config.strategy not in STRATEGIES:
+        from ddtrain.errors import choice_error
+        raise choice_error("strategy", config.strategy, STRATEGIES)
+    try:
+        data = load_dataset(config.data, val_fraction=config.val_fraction, seed=config.seed, **config.data_args)
+    except TypeError as exc:  # a --data-arg the loader does not take
+        raise DDTrainError(f"--data {config.data}: {exc}") from None
+    c, *hw = data.sample_shape
+    kwargs = dict(num_classes=data.num_classes or 1, in_channels=c, input_size=tuple(hw) or (1, 1),
+                  **config.model_args)
+    torch.manual_seed(config.seed)  # the same initial weights on every rank
+    if meta:
+        with torch.device("meta"):
+            return data, build_model(config.model, **kwargs)
+    return data, build_model(config.model, **kwargs)
+
+
+def validate(config: TrainConfig, workers: int) -> None:
+    """Everything that can be checked before a worker starts: names, paths, sizes."""
+    from ddtrain.data.sharding import ShardSampler
+    if config.out and not config.out.endswith(".json"):
+        raise DDTrainError(f"--out {config.out!r} should name a .json file")
+    data, model = load_and_build(config, meta=True)
+    ShardSampler(len(data.train), rank=0, world_size=workers, policy=config.sharding)  # n >= workers
+    per_rank = len(data.train) // workers
+    if config.batch_size > per_rank:
+        raise DDTrainError(f"--batch-size {config.batch_size} is larger than a rank's shard: {len(data.train)} "
+                           f"training samples over {workers} worker(s) is {per_rank} each")
+    from ddtrain.reliability import checkpoint
+    from ddtrain.reliability import guard
+    from ddtrain.observe import files
+    for flag, path in (("--out", config.out), ("--save", config.save)):
+        files.check_writable(path, flag)
+    checkpoint.check_dir(config, guard.fingerprint(config, model, data, workers))

@@ -5,7 +5,11 @@ import pytest
 import torch
 
 HERE = Path(__file__).parent
-sys.path.insert(0, str(HERE))
+# The shared helpers (helpers.py, multirank.py) and every test folder, importable by module name
+# from the first test on: multirank's worker processes import test functions by module name and
+# keep the sys.path they started with.
+for folder in [HERE, *sorted(p for p in HERE.iterdir() if p.is_dir() and p.name.isidentifier())]:
+    sys.path.insert(0, str(folder))
 SHARED = HERE.parent.parent / "shared"
 MNIST_DIR = SHARED / "data" / "mnist"
 BRAIN_DIR = SHARED / "data" / "brain"

@@ -99,7 +99,8 @@ class TrainConfig:
         if not self.checkpoint_dir and (self.resume or self.checkpoint_every):
             flag = "--resume" if self.resume else "--checkpoint-every"
             raise DDTrainError(f"{flag} needs --checkpoint-dir DIR")
-        if self.checkpoint_dir and self.strategy.startswith("ps-"):
+        from ddtrain.sync import strategy_spec  # here: the registry imports torch.distributed
+        if self.checkpoint_dir and not strategy_spec(self.strategy).checkpointable:
             raise DDTrainError(f"checkpoints are not supported with --strategy {self.strategy}: the parameter "
                                "servers' state lives outside the training loop (use --max-restarts alone, which "
                                "restarts from step 0)")

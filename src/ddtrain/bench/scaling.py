@@ -113,9 +113,10 @@ def _ints(text: str, flag: str) -> list[int]:
 
 def plan(config: ScalingConfig) -> list[Cell]:
     """Every cell, in run order (a strategy's worker counts together, smallest first)."""
+    from ddtrain.sync import strategy_spec
     cells = []
     for strategy in config.strategies:
-        extra = config.servers if strategy.startswith("ps-") else 0
+        extra = strategy_spec(strategy).extra_ranks(config.servers)
         for batch in config.batch_sizes:
             for loader in config.loader_workers:
                 for amp in config.amp:

@@ -12,6 +12,7 @@ from ddtrain.observe import profiler
 from ddtrain.config import TrainConfig, parse_kv
 from ddtrain.errors import DDTrainError
 from ddtrain.reliability.guard import PeerStopped
+from ddtrain.sync import strategy_spec
 from ddtrain.training.build import load_and_build, validate
 
 
@@ -105,7 +106,7 @@ def main(args) -> int:
         return 0
     if args.nproc < 1:
         raise DDTrainError(f"--nproc must be at least 1, got {args.nproc}")
-    servers = config.servers if config.strategy.startswith("ps-") else 0
+    servers = strategy_spec(config.strategy).extra_ranks(config.servers)
     if servers and args.nproc - servers < 1:
         raise DDTrainError(f"--strategy {config.strategy} with --servers {servers} needs --nproc of at least "
                            f"{servers + 1} (one worker)")

@@ -5,9 +5,8 @@
   the settings of the loop) and ``all_gather_object`` compares them; a difference stops every
   rank, rank 0 naming the differing rank and field.
 * ``replica_checksums``: per parameter, two int64 hashes of the bits (a plain and a
-  position-weighted wrap-around sum), gathered and compared exactly. Only strategies whose
-  replicas must be bitwise identical after every step are checked (``REPLICATED``), or a
-  strategy that says so for the current step through ``synced.replicas_identical(step)``.
+  position-weighted wrap-around sum), gathered and compared exactly. Only when the strategy
+  says its replicas must be bitwise identical at this step (``replicas_identical(step)``).
 * ``nonfinite``: a non-finite loss or gradient stops the run naming step and rank, or, with
   ``--on-nonfinite skip``, the ranks agree through one all-reduce of a flag per rank and all
   skip the step together (a rank skipping alone would leave the replicas apart).
@@ -21,7 +20,6 @@ import torch.distributed as dist
 
 from ddtrain.errors import DDTrainError
 
-REPLICATED = ("ddp", "ring", "ring-async", "tree", "butterfly", "central")
 # Settings every rank must share (paths such as --data or --out may differ between hosts).
 AGREE = ("epochs", "steps", "lr", "momentum", "weight_decay", "optimizer", "seed", "val_fraction", "sharding",
          "amp", "sync_every", "servers", "staleness", "check_every", "checkpoint_every", "on_nonfinite",

@@ -41,7 +41,7 @@ class Keeper:
         self._skip, self._resume_part = 0, None
         self._meter, self._epoch_now, self._in_epoch, self._steps_per_epoch = None, 1, 0, None
         self._rng_epoch, self._loss_bad, self._epoch_t0 = None, False, time.perf_counter()
-        inside = config.strategy in guard.REPLICATED or config.strategy == "hybrid"  # DDP and its hooks
+        inside = synced.spec.sync_in_backward
         self._forward_backward = "forward+backward" + (" (the gradient all-reduce runs inside backward)"
                                                        if inside else "")
         attempt = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
@@ -167,7 +167,7 @@ class Keeper:
 
     def save(self, step: int) -> None:
         stall.mark(step, "checkpoint (gather to rank 0)")
-        replicated = self.config.strategy in guard.REPLICATED
+        replicated = self.synced.spec.replicated
         state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                  "scaler": self.scaler.state_dict() if self.scaler is not None else None}
         part = {"rng": checkpoint.rng_state(), "rng_epoch": self._rng_epoch, "meter": self._meter.sums,
@@ -184,13 +184,7 @@ class Keeper:
             self.info["last_checkpoint"] = str(path)
 
     def _replicas_should_match(self, step: int) -> bool:
-        hook = getattr(self.synced, "replicas_identical", None)
-        if callable(hook):
-            return bool(hook(step))
-        every = self.config.sync_every  # hybrid: identical right after its broadcast of rank 0's state
-        if self.config.strategy == "hybrid" and every != "epoch":
-            return step % every == 0
-        return self.config.strategy in guard.REPLICATED
+        return bool(self.synced.replicas_identical(step))
 
     def check_replicas(self, step: int) -> None:
         if not self.distributed or self.synced.role != "worker" or not self._replicas_should_match(step):

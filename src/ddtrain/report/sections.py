@@ -13,10 +13,6 @@ from pathlib import Path
 from ddtrain.report import plots
 from ddtrain.bench.tables import fmt
 
-# Which cost-model formula times a strategy's gradient sync (ddtrain.costmodel.PREDICTORS), and
-# over how many ranks: parameter servers are the central (master) pattern over workers + servers.
-STRATEGY_ALGORITHM = {"ddp": "native", "ring": "ring", "ring-async": "ring-async", "tree": "tree",
-                      "butterfly": "butterfly", "central": "central", "ps-sync": "central", "hybrid": "ring"}
 
 
 def _slug(text: str) -> str:
@@ -144,7 +140,9 @@ def _cost_model(ok: list[dict], calibration: dict | None, files: Path, prefix: s
                         gamma_s_per_byte=calibration["params"]["gamma_s_per_byte"])
     rows, points = [], []
     for r in ok:
-        algorithm = STRATEGY_ALGORITHM.get(r["strategy"])
+        from ddtrain.sync import STRATEGIES
+        spec = STRATEGIES.get(r["strategy"])  # its cost-model formula (ddtrain.sync.StrategySpec.algorithm)
+        algorithm = spec.algorithm if spec is not None else None
         nbytes = r.get("gradient_bytes")
         if algorithm is None or r["ranks"] < 2 or not nbytes:
             continue

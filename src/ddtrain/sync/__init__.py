@@ -18,38 +18,61 @@ the model and optimizer unchanged.
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable
-
 import torch.distributed as dist
 
 from ddtrain.dist import runtime
 from ddtrain.errors import choice_error
 from ddtrain.sync.allreduce import strategy_for
 from ddtrain.sync.base import Synced, SyncOptions, SyncStats
+from ddtrain.sync.spec import StrategySpec
 from ddtrain.sync.ddp import wrap_ddp
 from ddtrain.sync.hybrid import wrap_hybrid
 from ddtrain.sync.local_sgd import wrap_local_sgd
 from ddtrain.sync.ps.server import wrap_param_server
 
-STRATEGIES: dict[str, Callable[..., Synced]] = {
-    "ddp": wrap_ddp,
-    "ring": strategy_for("ring"),
-    "ring-async": strategy_for("ring-async"),
-    "tree": strategy_for("tree"),
-    "butterfly": strategy_for("butterfly"),
-    "central": strategy_for("central"),
-    "ps-sync": partial(wrap_param_server, asynchronous=False),
-    "ps-async": partial(wrap_param_server, asynchronous=True),
-    "hybrid": wrap_hybrid,
-    "local-sgd": wrap_local_sgd,
-}
+STRATEGIES: dict[str, StrategySpec] = {}
+
+
+def register_strategy(spec: StrategySpec) -> StrategySpec:
+    """Add ``spec`` to ``STRATEGIES`` (a new strategy from outside the package needs only this call)."""
+    STRATEGIES[spec.name] = spec
+    return spec
+
+
+for _spec in (
+    StrategySpec(name="ddp", build=wrap_ddp, summary="DDP with the backend's own all-reduce (the default)",
+                 sync_in_backward=True, algorithm="native"),
+    *(StrategySpec(name=name, build=strategy_for(name), sync_in_backward=True, algorithm=name,
+                   summary=f"DDP with ddtrain's {name} all-reduce as its communication hook")
+      for name in ("ring", "ring-async", "tree", "butterfly", "central")),
+    StrategySpec(name="ps-sync", build=partial(wrap_param_server, asynchronous=False), uses_servers=True,
+                 replicated=False, checkpointable=False, algorithm="central",  # the master pattern over workers + servers
+                 summary="parameter servers on the last --servers ranks; each step waits for every worker"),
+    StrategySpec(name="ps-async", build=partial(wrap_param_server, asynchronous=True), uses_servers=True,
+                 replicated=False, checkpointable=False, synchronous=False,
+                 summary="parameter servers applying each gradient as it arrives (--staleness bounds the lag)"),
+    StrategySpec(name="hybrid", build=wrap_hybrid, replicated=False, sync_in_backward=True, periodic=True,
+                 algorithm="ring", summary="ring all-reduce every step + rank 0's broadcast every --sync-every steps (000 ch. 5)"),
+    StrategySpec(name="local-sgd", build=wrap_local_sgd, replicated=False, periodic=True, synchronous=False,
+                 summary="local steps; parameters averaged every --sync-every steps"),
+):
+    register_strategy(_spec)
+
+
+def strategy_spec(name: str) -> StrategySpec:
+    """The record of strategy ``name``; an unknown name lists the valid ones."""
+    if name not in STRATEGIES:
+        raise choice_error("strategy", name, STRATEGIES)
+    return STRATEGIES[name]
 
 
 def wrap(strategy: str, model, optimizer, options: SyncOptions | None = None) -> Synced:
     """Apply ``strategy`` to a model already on its device and an optimizer over its parameters."""
-    if strategy not in STRATEGIES:
-        raise choice_error("strategy", strategy, STRATEGIES)
-    synced = STRATEGIES[strategy](model, optimizer, options or SyncOptions())
+    spec = strategy_spec(strategy)
+    synced = spec.build(model, optimizer, options or SyncOptions())
+    synced.spec = spec
+    if synced.replicas_identical is None:
+        synced.replicas_identical = lambda step: spec.replicated
     if synced.workers is None:  # every rank trains unless the strategy says otherwise
         synced.workers = dist.get_world_size() if dist.is_initialized() else 1
         synced.worker_rank = dist.get_rank() if dist.is_initialized() else 0
@@ -77,4 +100,4 @@ def _finish_once(synced: Synced) -> None:
     synced.finish = finish
 
 
-__all__ = ["STRATEGIES", "SyncOptions", "SyncStats", "Synced", "wrap"]
+__all__ = ["STRATEGIES", "StrategySpec", "SyncOptions", "SyncStats", "Synced", "register_strategy", "strategy_spec", "wrap"]

@@ -77,3 +77,5 @@ class Synced:
     serve: Callable[[], None] = _noop
     finish: Callable[[], None] = _noop     # called once when training ends
     update_stats: Callable[[], None] = _noop  # refresh ``stats`` before reading
+    replicas_identical: Callable[[int], bool] | None = None  # None: ``spec.replicated`` at every step
+    spec: object = None                     # the StrategySpec it was built from (set by ``wrap``)

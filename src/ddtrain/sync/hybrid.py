@@ -65,5 +65,7 @@ def wrap_hybrid(model, optimizer, options: SyncOptions) -> Synced:
         stats.extra["sync_every"] = every
 
     synced.after_step, synced.end_epoch = after_step, end_epoch
+    # identical right after each broadcast of rank 0's state
+    synced.replicas_identical = lambda step: every != "epoch" and step % every == 0
     synced.finish, synced.update_stats = hook.close, update_stats
     return synced

@@ -8,7 +8,7 @@ from ddtrain import TrainConfig, fit
 from ddtrain.data import load_dataset
 from ddtrain.models import build_model
 from multirank import run_ranks
-from test_cli import ddtrain
+from helpers import ddtrain
 
 
 @pytest.mark.parametrize("args", [

@@ -7,9 +7,9 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
+from helpers import REPO
 
-BENCH = Path(__file__).resolve().parent.parent / "benchmarks"
+BENCH = REPO / "benchmarks"
 
 
 def test_gpu_single_quick_runs_and_records_ratios(tmp_path):

@@ -2,9 +2,9 @@
 import os
 import subprocess
 import sys
-from pathlib import Path
+from helpers import REPO
 
-SCRIPT = Path(__file__).resolve().parent.parent / "examples" / "minimal.py"
+SCRIPT = REPO / "examples" / "minimal.py"
 
 
 def _run(cmd):

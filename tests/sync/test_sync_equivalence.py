@@ -11,7 +11,7 @@ import torch
 
 from ddtrain import TrainConfig, fit
 from multirank import run_ranks
-from test_train_equivalence import N_SAMPLES, _data, _model, assert_same_parameters
+from helpers import N_SAMPLES, assert_same_parameters, tiny_data as _data, tiny_model as _model
 
 BATCH = 8
 DDP_LIKE = ["ddp", "ring", "ring-async", "tree", "butterfly", "central", "hybrid"]

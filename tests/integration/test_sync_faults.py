@@ -17,7 +17,7 @@ from ddtrain.reliability import faults
 from ddtrain.dist import runtime
 from ddtrain.sync.ps.server import WORKER_MARGIN_S
 from multirank import RankError, run_ranks
-from test_train_equivalence import _data, _model
+from helpers import tiny_data as _data, tiny_model as _model
 
 TIMEOUT_S = 3.0
 

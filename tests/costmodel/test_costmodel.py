@@ -4,9 +4,10 @@ import json
 import math
 from contextlib import redirect_stdout
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
+
+from helpers import SHARED
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -74,7 +75,7 @@ DOCUMENT_TABLE_5_1 = """
 DOC_ROWS = [line.split() for line in DOCUMENT_TABLE_5_1.strip().splitlines()]
 PARAMS = [1, 4, 8, 50, 100, 500, 1000]       # N of Table 5.1
 WORKERS = [2, 4, 8, 50, 100, 500, 1000]      # R of Table 5.1
-SEED = Path(__file__).resolve().parents[2] / "shared" / "seeds"
+SEED = SHARED / "seeds"
 
 
 def test_the_transcription_has_the_documents_49_rows_in_its_grid():

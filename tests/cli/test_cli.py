@@ -1,26 +1,9 @@
 """What a user sees at the command line: one clear message and a non-zero exit for bad input."""
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
-
-def ddtrain(*args, timeout=240, env=None, cwd=None):
-    full_env = {**os.environ, **(env or {})}
-    full_env.pop("RANK", None)
-    return subprocess.run([sys.executable, "-m", "ddtrain", *args], capture_output=True, text=True,
-                          timeout=timeout, env=full_env, cwd=cwd)
-
-
-def assert_one_clear_error(result, *phrases):
-    assert result.returncode != 0
-    assert "Traceback" not in result.stderr, result.stderr
-    errors = [line for line in result.stderr.splitlines() if "error:" in line]
-    assert len(errors) == 1, result.stderr
-    for phrase in phrases:
-        assert phrase in errors[0], errors[0]
+from helpers import assert_one_clear_error, ddtrain
 
 
 def test_help_lists_the_commands(capsys):

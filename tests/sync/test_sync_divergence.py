@@ -13,7 +13,7 @@ from ddtrain import TrainConfig, fit
 from ddtrain.models import build_model
 from ddtrain.sync.divergence import fingerprint, replica_divergence
 from multirank import run_ranks
-from test_train_equivalence import _data
+from helpers import tiny_data as _data
 
 WORLD = 3              # ps-sync: 2 workers + 1 server
 STEPS, CHECK_EVERY = 40, 5

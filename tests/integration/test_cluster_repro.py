@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import math
 import sys
-from pathlib import Path
 
 import pytest
 
+from helpers import REPO
+
 from multirank import run_ranks
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks" / "repro"))
+sys.path.insert(0, str(REPO / "benchmarks" / "repro"))
 
 import analysis  # noqa: E402
 from ddtrain.costmodel import LinkParams, predict_time  # noqa: E402

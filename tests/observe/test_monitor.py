@@ -109,7 +109,7 @@ def _can_unshare() -> bool:
 
 @pytest.mark.skipif(not _can_unshare(), reason="needs root, unshare and ip to make a private network namespace")
 def test_wire_bytes_agree_with_our_counters_on_a_private_loopback():
-    code = (f"import sys; sys.path.insert(0, {str(HERE)!r}); import test_monitor; "
+    code = (f"import sys; sys.path[:0] = [{str(HERE)!r}, {str(HERE.parent)!r}]; import test_monitor; "
             "test_monitor.measure_in_private_loopback()")
     proc = subprocess.run(["unshare", "-n", "sh", "-c", f"ip link set lo up && exec {sys.executable} -c \"{code}\""],
                           capture_output=True, text=True, timeout=300)

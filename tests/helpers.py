@@ -1,17 +1,28 @@
-"""R ranks with per-rank batch B take the same steps as one process with batch R*B (acceptance 3)."""
-import pytest
+"""What several test modules share: paths, the small training problem of the equivalence tests, and
+the ``ddtrain`` command run as a user runs it. Tests import from here, never from each other."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
 
 from ddtrain import TrainConfig, fit
 from ddtrain.data import Data
 from ddtrain.data.arrays import ArrayDataset
 from ddtrain.models import build_model
-from multirank import run_ranks
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+SHARED = REPO.parent / "shared"
+
 
 N_SAMPLES = 96  # divisible by every R*B below, so no rank drops a sample
 
 
-def _data(shape):
+def tiny_data(shape):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(N_SAMPLES, *shape, generator=g)
     y = torch.randint(0, 10, (N_SAMPLES,), generator=g)
@@ -19,7 +30,7 @@ def _data(shape):
     return Data("synthetic", ds, None, 10, tuple(shape), "classification")
 
 
-def _model(name):
+def tiny_model(name):
     torch.manual_seed(0)
     if name == "mlp":
         return build_model("mlp", num_classes=10, in_channels=1, input_size=(8, 8), hidden=(32, 16)), (1, 8, 8)
@@ -27,10 +38,10 @@ def _model(name):
 
 
 def train_and_return_parameters(name, batch_size, strategy="ddp", epochs=2, **extra):
-    model, shape = _model(name)
+    model, shape = tiny_model(name)
     config = TrainConfig(model=name, data="synthetic", strategy=strategy, epochs=epochs, batch_size=batch_size,
                          lr=0.1, momentum=0.9, seed=3, val_fraction=0.0, quiet=True, **extra)
-    record = fit(model, _data(shape), config)
+    record = fit(model, tiny_data(shape), config)
     module = model
     return {k: v.detach().clone() for k, v in module.state_dict().items()}, record["epochs"][-1]["steps"]
 
@@ -41,12 +52,17 @@ def assert_same_parameters(reference, got, rtol=1e-5):
         assert (got[key] - ref).abs().max() / scale <= rtol, key
 
 
-@pytest.mark.parametrize("name", ["mlp", "simple-cnn"])
-@pytest.mark.parametrize("world", [2, 3])
-def test_ranks_with_batch_b_equal_one_process_with_batch_rb(name, world):
-    batch = 8
-    reference, ref_steps = train_and_return_parameters(name, batch * world)
-    results = run_ranks(train_and_return_parameters, world, name, batch)
-    for params, steps in results:
-        assert steps == ref_steps == N_SAMPLES // (batch * world)
-        assert_same_parameters(reference, params)
+def ddtrain(*args, timeout=240, env=None, cwd=None):
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("RANK", None)
+    return subprocess.run([sys.executable, "-m", "ddtrain", *args], capture_output=True, text=True,
+                          timeout=timeout, env=full_env, cwd=cwd)
+
+
+def assert_one_clear_error(result, *phrases):
+    assert result.returncode != 0
+    assert "Traceback" not in result.stderr, result.stderr
+    errors = [line for line in result.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1, result.stderr
+    for phrase in phrases:
+        assert phrase in errors[0], errors[0]

@@ -1,0 +1,30 @@
+"""What the rest of ddtrain knows about a strategy: one record per strategy, read everywhere.
+
+Nothing outside ``ddtrain.sync`` tests a strategy's name: the loop, checkpoints, the launcher,
+the benchmarks and the report read these fields. Adding a strategy is a module that builds it
+plus one ``register_strategy(StrategySpec(...))`` line (``ddtrain.sync.STRATEGIES``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategySpec:
+    """One synchronisation strategy, as every other package sees it."""
+
+    name: str                       # the --strategy word
+    build: Callable                 # (model, optimizer, SyncOptions) -> the applied strategy (ddtrain.sync.base)
+    summary: str                    # one line for --help and docs
+    replicated: bool = True         # replicas bitwise identical after every step (checked; one checkpoint for all)
+    sync_in_backward: bool = False  # the gradient all-reduce runs inside backward (DDP and its hooks)
+    uses_servers: bool = False      # the last --servers ranks hold parameters instead of training
+    checkpointable: bool = True     # the training loop holds all of its state (checkpoints can resume it)
+    synchronous: bool = True        # R ranks x batch B take the steps of one process with batch R*B
+    periodic: bool = False          # reads --sync-every (steps between parameter syncs)
+    algorithm: str | None = None    # the ddtrain.comm algorithm whose cost model predicts its gradient sync
+
+    def extra_ranks(self, servers: int) -> int:
+        """Ranks the strategy needs besides the workers (parameter servers)."""
+        return servers if self.uses_servers else 0

@@ -1,7 +1,7 @@
 """Accuracy parity of the all-reduce strategies (document 001's experiment; our acceptance 5).
 
     torchrun --standalone --nproc-per-node 4 benchmarks/sync_parity.py \\
-        --mnist ../shared/data/mnist --epochs 10 --out benchmarks/results/sync/sync_parity.json
+        --mnist ../shared/data/mnist --epochs 10 --out results/sync/sync_parity.json
 
 Document 001 trained a 4-layer MLP on MNIST with MPI's all-reduce, a blocking ring and a
 non-blocking ring and saw the rings end 7-10 accuracy points lower. Here every strategy

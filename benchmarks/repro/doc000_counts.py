@@ -1,7 +1,7 @@
 """Document 000 in the emulated cluster: ring, central and hybrid on 4 nodes at two batch sizes, and
 the cost model's communication counts (Table 5.1) against the bytes our counters and the links saw.
 
-    sudo python benchmarks/repro/doc000_counts.py --out results/doc000       # ~5 min on 2 cores
+    sudo python benchmarks/repro/doc000_counts.py --out results/cluster/doc000  # ~5 min on 2 cores
 
 One emulated cluster of --nodes nodes (one rank each) at --link; every cell is ``ddtrain train
 --strategy S --batch-size B ... --profile --monitor-system`` (``bench scaling``'s command) with

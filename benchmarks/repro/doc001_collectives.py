@@ -1,6 +1,6 @@
 """Document 001 in the emulated cluster: tree/butterfly against ring all-reduce across message sizes.
 
-    sudo python benchmarks/repro/doc001_collectives.py --out results/doc001      # ~5.3 min on 2 cores (load 12)
+    sudo python benchmarks/repro/doc001_collectives.py --out results/cluster/doc001  # ~5.3 min on 2 cores (load 12)
 
 One emulated cluster (8 nodes, --link each way) for everything. On the first 4 nodes, then on
 all 8: ``ddtrain bench collectives --algorithms native,ring,ring-async,tree,butterfly`` over

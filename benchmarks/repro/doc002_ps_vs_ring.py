@@ -1,6 +1,6 @@
 """Document 002 in the emulated cluster: parameter server (ps-sync) against ring all-reduce, 2/4/6 workers.
 
-    sudo python benchmarks/repro/doc002_ps_vs_ring.py --out results/doc002     # 6.6-8 min on 2 cores (load 5-12)
+    sudo python benchmarks/repro/doc002_ps_vs_ring.py --out results/cluster/doc002  # 6.6-8 min on 2 cores (load 5-12)
 
 One emulated cluster (7 nodes, --link each way, tc tbf) for the whole sweep; every cell is
 ``ddtrain train ... --profile --monitor-system`` (the very command ``ddtrain bench scaling``

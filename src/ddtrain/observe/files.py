@@ -1,12 +1,20 @@
-"""Files the tool writes: results records and saved models, always atomically."""
+"""Files the tool writes: results records and saved models, always atomically.
+
+Every file ends with the mode a plain ``open`` would give it (0o666 less the umask), not
+the 0o600 of the temporary file it is written to; records are strict JSON: a NaN or
+infinity (a diverged loss) is written as ``null``, never as the bare ``NaN`` that strict
+parsers reject.
+"""
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import torch
 
 
@@ -18,6 +26,7 @@ def atomic_write(path: str | os.PathLike, write) -> Path:
     os.close(fd)
     try:
         write(tmp)
+        os.chmod(tmp, 0o666 & ~umask())  # mkstemp made it 0o600; a shared report must stay readable
         _fsync(tmp)          # the bytes are on disk before the name points at them
         os.replace(tmp, path)
     except BaseException:
@@ -25,6 +34,20 @@ def atomic_write(path: str | os.PathLike, write) -> Path:
         raise
     _fsync(path.parent)      # and the rename itself survives a power cut
     return path
+
+
+def umask() -> int:
+    """The process's umask, read without changing it (os.umask would, briefly, for every thread)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def _fsync(path) -> None:
@@ -58,20 +81,31 @@ def check_writable(path, flag: str) -> None:
 
 
 def write_json(path, data: dict) -> Path:
+    """Write ``data`` as strict JSON: non-finite floats become null (see ``jsonable``)."""
+    text = json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n"
+
     def write(tmp):
         with open(tmp, "w") as f:
-            json.dump(data, f, indent=2, default=_jsonable)
-            f.write("\n")
+            f.write(text)
     return atomic_write(path, write)
 
 
-def _jsonable(value):
-    if isinstance(value, torch.Tensor):
-        return value.tolist()
+def jsonable(value):
+    """``value`` as plain JSON types; NaN and infinities (floats, numpy or tensor elements) become None."""
+    if isinstance(value, float):  # numpy's float64 too
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (bool, int, str)):
+        return value
+    if isinstance(value, dict):
+        return {k: jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, (torch.Tensor, np.ndarray, np.generic)):
+        return jsonable(value.tolist())
     if isinstance(value, (Path, torch.device, torch.dtype)):
         return str(value)
     if hasattr(value, "__dataclass_fields__"):
-        return {k: getattr(value, k) for k in value.__dataclass_fields__}
+        return {k: jsonable(getattr(value, k)) for k in value.__dataclass_fields__}
     raise TypeError(f"cannot write {type(value).__name__} to JSON")
 
 

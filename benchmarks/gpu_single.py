@@ -142,7 +142,7 @@ def time_ddtrain(case, data, warmup, steps, device, strategy, *, data_on_device=
                  extra_callbacks=(), timer_out=None) -> float:
     _, name, shape, classes, batch, amp, cl, compiled = case
     model = fresh_model(name, shape, classes, cl, device)
-    config = TrainConfig(model=name, data="synthetic", strategy=strategy, epochs=0, steps=warmup + steps,
+    config = TrainConfig.from_flat(model=name, data="synthetic", strategy=strategy, epochs=0, steps=warmup + steps,
                          batch_size=batch, lr=0.01, momentum=0.9, val_fraction=0.0, amp=amp, channels_last=cl,
                          compile=compiled, data_on_device=data_on_device, loader_workers=loader_workers, quiet=True)
     timer = StepTimer(warmup, device)

@@ -56,7 +56,7 @@ def main():
 
     def ddtrain_run():
         clock = _Clock(w)
-        fit(model(), data, TrainConfig(model=args.model, data="synthetic", epochs=0, steps=n, batch_size=b, lr=0.05,
+        fit(model(), data, TrainConfig.from_flat(model=args.model, data="synthetic", epochs=0, steps=n, batch_size=b, lr=0.05,
                                        val_fraction=0.0, quiet=True), callbacks=[clock])
         return (clock.t1 - clock.t0) / (n - w)   # the end-of-run work after the last step included
 

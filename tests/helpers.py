@@ -39,7 +39,7 @@ def tiny_model(name):
 
 def train_and_return_parameters(name, batch_size, strategy="ddp", epochs=2, **extra):
     model, shape = tiny_model(name)
-    config = TrainConfig(model=name, data="synthetic", strategy=strategy, epochs=epochs, batch_size=batch_size,
+    config = TrainConfig.from_flat(model=name, data="synthetic", strategy=strategy, epochs=epochs, batch_size=batch_size,
                          lr=0.1, momentum=0.9, seed=3, val_fraction=0.0, quiet=True, **extra)
     record = fit(model, tiny_data(shape), config)
     module = model

@@ -1,112 +1,143 @@
-"""Training settings, checked when built: the CLI fills this dataclass, the library accepts it."""
+"""One run's settings: ``TrainConfig``, with the sections its packages own nested inside it.
+
+The command line's flags are generated from these fields (``ddtrain.cli.args``: the comment
+after a field is its ``--help``, a ``Literal`` its choices), launching serialises the config
+back to flags once (``ddtrain.cli.args.to_argv``), and every results record stores the
+resolved config (``as_dict``). Each ``__post_init__`` checks its own fields and raises a
+``ConfigError`` naming the field; the command line names the flag instead.
+"""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
-
 import ast
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import asdict, dataclass, field, fields
+from typing import Literal, Optional
 
-from ddtrain.errors import DDTrainError
+from ddtrain.dist.config import DistConfig
+from ddtrain.errors import ConfigError, DDTrainError
+from ddtrain.observe.config import ProfileConfig
+from ddtrain.reliability.config import ReliabilityConfig
+from ddtrain.sync.base import SyncOptions
 
 AMP_MODES = ("off", "bf16", "fp16")
 OPTIMIZERS = ("sgd", "adam")
+SECTIONS = {"sync": SyncOptions, "reliability": ReliabilityConfig, "profile": ProfileConfig, "dist": DistConfig}
 
 
 @dataclass(kw_only=True)
 class TrainConfig:
-    """One training run. Batch size is per rank (the global batch is batch_size × workers)."""
+    """One training run. Batch size is per rank (the global batch is batch_size x workers)."""
 
-    model: str = "simple-cnn"              # name in ddtrain.models.MODELS
-    data: str = "digits"                   # data spec, see ddtrain.data
-    strategy: str = "ddp"                  # name in ddtrain.sync.STRATEGIES
-    epochs: int = 1                        # passes over the data
+    model: str = "simple-cnn"              # model name (see ddtrain.models.MODELS)
+    model_args: dict = field(default_factory=dict)   # model option, e.g. hidden=256,128
+    data: str = "digits"                   # data spec: digits, mnist:DIR, npz:FILE, ... (see ddtrain.data)
+    data_args: dict = field(default_factory=dict)    # data loader option, e.g. resize=128
+    strategy: str = "ddp"                  # synchronisation strategy (see ddtrain.sync.STRATEGIES)
+    epochs: Optional[int] = None           # passes over the training data (default 1, or as many as --steps needs)
     steps: int = 0                         # stop after this many steps in all (0: no limit)
     batch_size: int = 64                   # samples per step on each rank
     lr: float = 0.05                       # learning rate
     momentum: float = 0.9                  # SGD momentum (heavy ball)
-    weight_decay: float = 0.0
-    optimizer: str = "sgd"                 # sgd or adam
-    seed: int = 0                          # model init, shuffling and dropout
+    weight_decay: float = 0.0              # L2 penalty added by the optimizer
+    optimizer: Literal["sgd", "adam"] = "sgd"   # the optimizer
+    seed: int = 0                          # seed for initialisation, shuffling and dropout
     val_fraction: float = 0.2              # share of the data held out for validation
-    sharding: str = "balanced"             # balanced or contiguous (document 000 Tables 6.1/6.2)
+    sharding: Literal["balanced", "contiguous"] = "balanced"   # how samples are split over ranks (document 000 Tables 6.1/6.2)
     loader_workers: int = 0                # DataLoader processes per rank (0: load in the training process)
-    data_on_device: str = "auto"           # keep in-memory data on the GPU: auto, yes, no
-    amp: str = "off"                       # autocast precision: off, bf16, fp16 (with a gradient scaler)
-    channels_last: bool = False            # NHWC memory layout for convolutions
+    data_on_device: Literal["auto", "yes", "no"] = "auto"   # keep in-memory datasets on the GPU (auto: when training on CUDA)
+    amp: Literal["off", "bf16", "fp16"] = "off"   # mixed precision (fp16 with a gradient scaler)
+    channels_last: bool = False            # NHWC memory layout
     compile: bool = False                  # torch.compile the model
-    model_args: dict = field(default_factory=dict)   # extra builder options, e.g. {"hidden": (256, 128)}
-    data_args: dict = field(default_factory=dict)    # extra loader options, e.g. {"resize": 128}
-    sync_every: int | str = 1              # hybrid / local-sgd: steps between parameter syncs, or "epoch"
-    servers: int = 1                       # ps-sync / ps-async: ranks holding parameters
-    staleness: int = 4                     # ps-async: most versions a gradient may lag
-    check_every: int = 0                   # steps between replica-divergence checks (0: epoch ends)
-    log_every: int = 0                     # also print a line every N steps (0: epoch lines only)
-    quiet: bool = False                    # no per-epoch lines or progress bar
-    out: str | None = None                 # results record (JSON)
-    save: str | None = None                # final model (.pt state dict or .safetensors)
-    checkpoint_dir: str | None = None      # where checkpoints go (rank 0 writes, see ddtrain.reliability.checkpoint)
-    checkpoint_every: int = 0              # steps between checkpoints (0: at every epoch end)
-    keep: int = 3                          # checkpoints kept; older ones are deleted
-    resume: bool = False                   # continue from the newest whole checkpoint in checkpoint_dir
-    max_restarts: int = 0                  # torchrun restarts all workers this often after a failure
-    on_nonfinite: str = "stop"             # non-finite loss or gradients: stop, or skip the step on every rank
-    on_mismatch: str = "stop"              # replicas differ at a check: stop, or rebroadcast rank 0's parameters
+    log_every: int = 0                     # print a line every N steps (0: per epoch)
+    quiet: bool = False                    # no epoch lines or progress bar (errors only)
+    out: Optional[str] = None              # write the results record (JSON) here
+    save: Optional[str] = None             # save the final model (.pt state dict or .safetensors)
+    sync: SyncOptions = field(default_factory=SyncOptions)
+    reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
+    profile: ProfileConfig = field(default_factory=ProfileConfig)
+    dist: DistConfig = field(default_factory=DistConfig)
 
     def __post_init__(self):
-        positive = {"batch_size": self.batch_size, "servers": self.servers}
-        for name, value in positive.items():
-            if not isinstance(value, int) or value < 1:
-                raise DDTrainError(f"--{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        non_negative = {"epochs": self.epochs, "steps": self.steps, "loader_workers": self.loader_workers,
-                        "staleness": self.staleness, "check_every": self.check_every, "log_every": self.log_every}
-        for name, value in non_negative.items():
-            if not isinstance(value, int) or value < 0:
-                raise DDTrainError(f"--{name.replace('_', '-')} must be a non-negative integer, got {value!r}")
+        if self.epochs is None:  # "as many as --steps needs" when only steps are given
+            self.epochs = 0 if self.steps else 1
+        for name in ("batch_size",):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(name, f"must be a positive integer, got {value!r}")
+        for name in ("epochs", "steps", "loader_workers", "log_every", "seed"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
         if self.epochs == 0 and self.steps == 0:
-            raise DDTrainError("nothing to do: --epochs and --steps are both 0")
+            raise ConfigError("epochs", "and steps are both 0: nothing to do")
+        for name in ("lr", "momentum", "weight_decay", "val_fraction"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+                raise ConfigError(name, f"must be a finite number, got {value!r}")
         if not self.lr > 0:
-            raise DDTrainError(f"--lr must be positive, got {self.lr}")
+            raise ConfigError("lr", f"must be positive, got {self.lr}")
         if not 0 <= self.momentum < 1:
-            raise DDTrainError(f"--momentum must be in [0, 1), got {self.momentum}")
-        if not 0 <= self.val_fraction < 1:
-            raise DDTrainError(f"--val-fraction must be in [0, 1), got {self.val_fraction}")
-        for name, value, allowed in (("amp", self.amp, AMP_MODES), ("optimizer", self.optimizer, OPTIMIZERS),
-                                     ("data-on-device", self.data_on_device, ("auto", "yes", "no")),
-                                     ("sharding", self.sharding, ("balanced", "contiguous"))):
-            if value not in allowed:
-                raise DDTrainError(f"--{name} {value!r} is not one of: {', '.join(allowed)}")
-        if self.sync_every != "epoch" and (not isinstance(self.sync_every, int) or self.sync_every < 1):
-            raise DDTrainError(f"--sync-every must be a positive integer or 'epoch', got {self.sync_every!r}")
-        self._check_reliability()
-
-    def _check_reliability(self):
-        import math
-        for name, value in (("lr", self.lr), ("momentum", self.momentum), ("weight_decay", self.weight_decay)):
-            if not isinstance(value, (int, float)) or not math.isfinite(value):
-                raise DDTrainError(f"--{name.replace('_', '-')} must be a finite number, got {value!r}")
+            raise ConfigError("momentum", f"must be in [0, 1), got {self.momentum}")
         if self.weight_decay < 0:
-            raise DDTrainError(f"--weight-decay must be >= 0, got {self.weight_decay}")
-        if not isinstance(self.seed, int) or self.seed < 0:
-            raise DDTrainError(f"--seed must be a non-negative integer, got {self.seed!r}")
-        for name, value in (("checkpoint-every", self.checkpoint_every), ("max-restarts", self.max_restarts)):
-            if not isinstance(value, int) or value < 0:
-                raise DDTrainError(f"--{name} must be a non-negative integer, got {value!r}")
-        if not isinstance(self.keep, int) or self.keep < 1:
-            raise DDTrainError(f"--keep must be a positive integer, got {self.keep!r}")
-        for name, value in (("on-nonfinite", self.on_nonfinite), ("on-mismatch", self.on_mismatch)):
-            allowed = ("stop", "skip") if name == "on-nonfinite" else ("stop", "rebroadcast")
-            if value not in allowed:
-                raise DDTrainError(f"--{name} {value!r} is not one of: {', '.join(allowed)}")
-        if not self.checkpoint_dir and (self.resume or self.checkpoint_every):
-            flag = "--resume" if self.resume else "--checkpoint-every"
-            raise DDTrainError(f"{flag} needs --checkpoint-dir DIR")
+            raise ConfigError("weight_decay", f"must be >= 0, got {self.weight_decay}")
+        if not 0 <= self.val_fraction < 1:
+            raise ConfigError("val_fraction", f"must be in [0, 1), got {self.val_fraction}")
+        for name, allowed in (("amp", AMP_MODES), ("optimizer", OPTIMIZERS), ("data_on_device", ("auto", "yes", "no")),
+                              ("sharding", ("balanced", "contiguous"))):
+            if getattr(self, name) not in allowed:
+                raise ConfigError(name, f"{getattr(self, name)!r} is not one of: {', '.join(allowed)}")
+        for name, cls in SECTIONS.items():
+            if not isinstance(getattr(self, name), cls):
+                raise ConfigError(name, f"must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
         from ddtrain.sync import strategy_spec  # here: the registry imports torch.distributed
-        if self.checkpoint_dir and not strategy_spec(self.strategy).checkpointable:
-            raise DDTrainError(f"checkpoints are not supported with --strategy {self.strategy}: the parameter "
-                               "servers' state lives outside the training loop (use --max-restarts alone, which "
-                               "restarts from step 0)")
+        spec = strategy_spec(self.strategy)
+        if self.reliability.checkpoint_dir and not spec.checkpointable:
+            raise ConfigError("checkpoint_dir", f"is not supported with --strategy {self.strategy}: its state lives "
+                              "outside the training loop (use --max-restarts alone, which restarts from step 0)")
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    def flat(self) -> dict:
+        """Every setting under its own name, sections flattened (the inverse of ``from_flat``)."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name not in SECTIONS}
+        for name in SECTIONS:
+            out.update(asdict(getattr(self, name)))
+        return out
+
+    @classmethod
+    def from_flat(cls, **values) -> "TrainConfig":
+        """Build from one flat mapping of field names (the flags' names, a config file's keys):
+        ``TrainConfig.from_flat(strategy="ps-sync", servers=2, checkpoint_dir=None)``."""
+        sections = {name: {} for name in SECTIONS}
+        owner = {f.name: name for name, section in SECTIONS.items() for f in fields(section)}
+        top = {}
+        for key, value in values.items():
+            if key in sections and isinstance(value, dict):
+                sections[key].update(value)
+            elif key in owner:
+                sections[owner[key]][key] = value
+            else:
+                top[key] = value
+        unknown = sorted(set(top) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ConfigError(unknown[0], "is not a setting of TrainConfig")
+        built = {}
+        for name, kwargs in sections.items():
+            try:
+                built[name] = SECTIONS[name](**kwargs)
+            except ValueError as exc:  # SyncOptions still raises ValueError("<field> ...")
+                text = str(exc)
+                raise ConfigError(text.split()[0], text.partition(" ")[2]) from None
+        return cls(**top, **built)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "TrainConfig":
+        """The inverse of ``as_dict`` (a results record's ``config``)."""
+        return cls.from_flat(**data)
 
 
 def parse_kv(items: list[str], flag: str) -> dict:
@@ -122,3 +153,71 @@ def parse_kv(items: list[str], flag: str) -> dict:
             value = raw  # a bare word stays a string
         out[key.replace("-", "_")] = value
     return out
+
+
+# ---- settings as flags: the names ddtrain.cli.args generates, and a config turned back into them ----
+
+# Fields whose flag is not the field's name.
+FLAG_NAMES = {"model_args": "model-arg", "data_args": "data-arg"}
+# Fields that are not flags: the parameter servers' own deadline is --timeout (DistConfig).
+NOT_FLAGS = {"timeout_s"}
+_UNIONS = (typing.Union, types.UnionType)
+
+
+def flag_name(field_name: str) -> str:
+    return "--" + FLAG_NAMES.get(field_name, field_name.replace("_", "-"))
+
+
+def field_kind(tp) -> tuple[object, str]:
+    """(the annotation without ``Optional``, its kind: "switch", "pairs", "choice", "int-or-word" or "value")."""
+    args = typing.get_args(tp)
+    if typing.get_origin(tp) in _UNIONS and type(None) in args:
+        rest = [a for a in args if a is not type(None)]
+        tp = rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]
+    origin = typing.get_origin(tp)
+    if origin is typing.Literal:
+        return tp, "choice"
+    if tp is bool:
+        return tp, "switch"
+    if tp is dict or origin is dict:
+        return tp, "pairs"
+    if origin in _UNIONS:
+        return tp, "int-or-word"
+    return tp, "value"
+
+
+def fields_of(cls):
+    """(field, annotation) for every setting of ``cls`` that is a flag, sections expanded in order."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(hints[f.name]):
+            yield from fields_of(hints[f.name])
+        elif f.name not in NOT_FLAGS:
+            yield f, hints[f.name]
+
+
+def to_argv(config: TrainConfig) -> list[str]:
+    """Flags that rebuild ``config`` (``ddtrain train`` parses them back to an equal config).
+
+    Only values that differ from the defaults, plus --epochs and --steps (resolved); used
+    wherever ddtrain starts ``ddtrain train`` again: workers, benchmark cells, the demo.
+    """
+    mine, base = config.flat(), type(config)().flat()
+    argv = []
+    for f, tp in fields_of(type(config)):
+        value = mine[f.name]
+        if value == base[f.name] and f.name not in ("epochs", "steps"):
+            continue
+        kind = field_kind(tp)[1]
+        flag = flag_name(f.name)
+        if kind == "switch":
+            if value:
+                argv.append(flag)
+            elif base[f.name]:
+                raise DDTrainError(f"{flag}: a switch that is on by default cannot be turned off from the command line")
+        elif kind == "pairs":
+            for key, item in value.items():
+                argv += [flag, f"{key}={item!r}"]
+        elif value is not None:
+            argv += [flag, str(value)]
+    return argv

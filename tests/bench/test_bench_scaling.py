@@ -1,5 +1,6 @@
 """``ddtrain bench scaling``: the matrix, what each cell runs, the derived figures, and one real
 two-cell run through the command line (fresh launches, step split adding up, monitor data)."""
+import argparse
 import json
 import subprocess
 import sys
@@ -7,6 +8,7 @@ import sys
 import pytest
 
 from ddtrain import cli
+from ddtrain.cli.args import config_from_args
 from ddtrain.bench.scaling import Cell, ScalingConfig, plan, train_argv
 from ddtrain.bench.scaling import finish_rows, network_check, pick_median
 from ddtrain.errors import DDTrainError
@@ -51,12 +53,16 @@ def test_unknown_strategy_names_the_valid_ones(tmp_path, capsys):
 def test_each_cell_trains_with_the_cells_settings_and_the_warmup_on_top(tmp_path):
     config = _config(steps=20, warmup_steps=5, channels_last=True, trace=True, monitor_every=0.25)
     argv = train_argv(config, Cell("ring", 2, 2, 64, 2, "bf16"), tmp_path)
-    flags = dict(zip(argv[1::1], argv[2::1]))
-    assert argv[0] == "train" and flags["--strategy"] == "ring" and flags["--batch-size"] == "64"
-    assert flags["--loader-workers"] == "2" and flags["--amp"] == "bf16" and "--channels-last" in argv
-    assert flags["--steps"] == "25" and flags["--warmup-steps"] == "5"
-    assert flags["--trace"].endswith("ring-w2-b64-lw2-bf16.trace.json") and flags["--monitor-every"] == "0.25"
-    assert flags["--val-fraction"] == "0" and "--profile" in argv
+    assert argv[0] == "train"
+    # what a worker gets: the flags parsed by the real `ddtrain train` parser
+    parser = argparse.ArgumentParser()
+    from ddtrain.cli import train as train_cli
+    train_cli.add_arguments(parser)
+    run = config_from_args(parser.parse_args(argv[1:]))
+    assert run.strategy == "ring" and run.batch_size == 64 and run.loader_workers == 2 and run.amp == "bf16"
+    assert run.channels_last and run.steps == 25 and run.profile.warmup_steps == 5 and run.profile.profile
+    assert run.profile.trace.endswith("ring-w2-b64-lw2-bf16.trace.json") and run.profile.monitor_every == 0.25
+    assert run.val_fraction == 0 and run.out.endswith("ring-w2-b64-lw2-bf16.json")
 
 
 def _row(strategy, workers, rate, ok=True):

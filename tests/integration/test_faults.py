@@ -35,7 +35,7 @@ def ddtrain_env(**extra):
 def reference_on_rank():
     """The uninterrupted run, on this pool's 2 ranks, with the settings the CLI run gets."""
     from ddtrain.training.loop import fit
-    config = TrainConfig(**KILLED, quiet=True)
+    config = TrainConfig.from_flat(**KILLED, quiet=True)
     data, model = load_and_build(config)
     fit(model, data, config)
     return {k: v.clone() for k, v in model.state_dict().items()}
@@ -118,7 +118,7 @@ def test_a_skipped_hand_written_collective_names_operation_step_and_peer():
 
 def test_a_nonfinite_loss_stops_naming_step_and_rank():
     from ddtrain.training.loop import fit
-    config = TrainConfig(model="mlp", data="digits", batch_size=64, steps=5, quiet=True)
+    config = TrainConfig.from_flat(model="mlp", data="digits", batch_size=64, steps=5, quiet=True)
     data, model = load_and_build(config)
     faults._fault = faults._parse("rank=0,step=3,kind=nan")
     try:
@@ -134,7 +134,7 @@ def test_a_nonfinite_loss_stops_naming_step_and_rank():
 @pytest.fixture
 def dirs(tmp_path):
     """Checkpoint folders: one that fits a batch-64 mlp run, one only damaged, one plain file."""
-    config = TrainConfig(model="mlp", data="digits", batch_size=64)
+    config = TrainConfig.from_flat(model="mlp", data="digits", batch_size=64)
     data, model = load_and_build(config, meta=True)
     fits = tmp_path / "fits"
     checkpoint.write(checkpoint.path_for(fits, 7), {"step": 7, "fingerprint": guard.fingerprint(config, model, data, 2)}, {})

@@ -15,7 +15,7 @@ import pytest
 from ddtrain import TrainConfig, fit
 from ddtrain.reliability import faults
 from ddtrain.dist import runtime
-from ddtrain.sync.ps.server import WORKER_MARGIN_S
+from ddtrain.sync.ps.worker import WORKER_MARGIN_S
 from multirank import RankError, run_ranks
 from helpers import tiny_data as _data, tiny_model as _model
 
@@ -30,7 +30,7 @@ def train_with_fault(strategy, fault_rank, fault_step, staleness=4):
     runtime._state.timeout_s = TIMEOUT_S
     try:
         model, shape = _model("mlp")
-        config = TrainConfig(model="mlp", data="synthetic", strategy=strategy, epochs=2, batch_size=8, lr=0.1,
+        config = TrainConfig.from_flat(model="mlp", data="synthetic", strategy=strategy, epochs=2, batch_size=8, lr=0.1,
                              seed=3, val_fraction=0.0, quiet=True, staleness=staleness)
         fit(model, _data(shape), config)
     except Exception as exc:

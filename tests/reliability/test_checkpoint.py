@@ -26,7 +26,7 @@ SETTINGS = dict(model="mlp", data="digits", batch_size=64, lr=0.05, momentum=0.9
 
 
 def train(**overrides):
-    config = TrainConfig(**{**SETTINGS, **overrides})
+    config = TrainConfig.from_flat(**{**SETTINGS, **overrides})
     data, model = load_and_build(config)
     record = fit(model, data, config)
     return model.state_dict(), record

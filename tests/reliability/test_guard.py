@@ -20,7 +20,7 @@ def fit_on_rank(per_rank: dict, fault: str | None = None):
     from ddtrain.training.loop import fit
     from ddtrain.training.build import load_and_build
     rank = dist.get_rank()
-    config = TrainConfig(**{**BASE, **per_rank.get(rank, {})})
+    config = TrainConfig.from_flat(**{**BASE, **per_rank.get(rank, {})})
     data, model = load_and_build(config)
     faults._fault = faults._parse(fault) if fault else None
     try:

@@ -38,7 +38,7 @@ def divergence_records(cases):
     out = []
     for strategy, every in cases:
         model = _model()
-        config = TrainConfig(model="mlp", data="synthetic", strategy=strategy, epochs=0, steps=STEPS, batch_size=8,
+        config = TrainConfig.from_flat(model="mlp", data="synthetic", strategy=strategy, epochs=0, steps=STEPS, batch_size=8,
                              lr=0.1, seed=5, val_fraction=0.0, quiet=True, sync_every=every,
                              check_every=CHECK_EVERY)
         record = fit(model, _data((1, 8, 8)), config)

@@ -25,7 +25,7 @@ CASES = {                                   # world size -> [(strategy, workers,
 def train(strategy: str, batch_size: int, momentum: float, epochs: int = 2, servers: int = 1):
     """Parameters after training, steps of the last epoch, and this rank's role."""
     model, shape = _model("mlp")
-    config = TrainConfig(model="mlp", data="synthetic", strategy=strategy, epochs=epochs, batch_size=batch_size,
+    config = TrainConfig.from_flat(model="mlp", data="synthetic", strategy=strategy, epochs=epochs, batch_size=batch_size,
                          lr=0.1, momentum=momentum, seed=3, val_fraction=0.0, quiet=True, check_every=3,
                          servers=servers)
     record = fit(model, _data(shape), config)

@@ -145,26 +145,32 @@ def check(config: ScalingConfig, cells: list[Cell]) -> int:
     return n
 
 
-def train_argv(config: ScalingConfig, cell: Cell, out: Path) -> list[str]:
+def train_config(config: ScalingConfig, cell: Cell, out: Path):
+    """The ``TrainConfig`` of one cell: the matrix's settings, this cell's axes, and measurement on."""
+    from ddtrain.config import TrainConfig, parse_kv
     total = config.warmup_steps + config.steps if config.steps else 0
-    argv = ["train", "--model", config.model, "--data", config.data, "--strategy", cell.strategy,
-            "--batch-size", str(cell.batch_size), "--loader-workers", str(cell.loader_workers), "--amp", cell.amp,
-            "--lr", str(config.lr), "--seed", str(config.seed), "--val-fraction", "0",
-            "--servers", str(config.servers), "--sync-every", config.sync_every, "--timeout", str(config.timeout_s),
-            "--out", str(out / f"{cell.name}.json"), "--profile", "--warmup-steps", str(config.warmup_steps),
-            "--log-every", "1"]
-    argv += ["--steps", str(total)] if total else ["--epochs", str(config.epochs)]
-    for item in config.model_args:
-        argv += ["--model-arg", item]
-    for item in config.data_args:
-        argv += ["--data-arg", item]
-    if config.channels_last:
-        argv.append("--channels-last")
-    if config.monitor:
-        argv += ["--monitor-system", "--monitor-every", str(config.monitor_every)]
-    if config.trace:
-        argv += ["--trace", str(out / f"{cell.name}.trace.json")]
-    return argv
+    return TrainConfig.from_flat(
+        model=config.model, data=config.data, strategy=cell.strategy, batch_size=cell.batch_size,
+        loader_workers=cell.loader_workers, amp=cell.amp, lr=config.lr, seed=config.seed, val_fraction=0.0,
+        servers=config.servers, sync_every=_int_or_word(config.sync_every), timeout=config.timeout_s,
+        out=str(out / f"{cell.name}.json"), profile=True, warmup_steps=config.warmup_steps, log_every=1,
+        steps=total, epochs=0 if total else config.epochs, channels_last=config.channels_last,
+        model_args=parse_kv(config.model_args, "--model-arg"), data_args=parse_kv(config.data_args, "--data-arg"),
+        monitor_system=config.monitor, monitor_every=config.monitor_every,
+        trace=str(out / f"{cell.name}.trace.json") if config.trace else None)
+
+
+def train_argv(config: ScalingConfig, cell: Cell, out: Path) -> list[str]:
+    """``ddtrain train`` flags of one cell (``to_argv`` of its ``train_config``)."""
+    from ddtrain.config import to_argv
+    return ["train", *to_argv(train_config(config, cell, out))]
+
+
+def _int_or_word(text):
+    try:
+        return int(text)
+    except (TypeError, ValueError):
+        return text
 
 
 PARTS = ("data_s", "compute_s", "comm_wait_s", "optimizer_s")

@@ -9,7 +9,7 @@ import argparse
 import importlib
 import sys
 
-from ddtrain.errors import DDTrainError
+from ddtrain.errors import ConfigError, DDTrainError
 
 # command words -> (module, one-line help). One line per subcommand.
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
@@ -65,6 +65,11 @@ def main(argv: list[str] | None = None) -> int:
     args.argv = rest
     try:
         return int(module.main(args) or 0)
+    except ConfigError as exc:  # the library names the field; the command line names the flag
+        from ddtrain.cli.args import describe
+        from ddtrain.dist.runtime import eprint
+        eprint(f"ddtrain: error: {describe(exc)}")
+        return 2
     except DDTrainError as exc:
         from ddtrain.dist.runtime import eprint
         eprint(f"ddtrain: error: {exc}")

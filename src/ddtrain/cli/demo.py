@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from ddtrain.config import TrainConfig, to_argv
 from ddtrain.dist import launch
 from ddtrain.errors import DDTrainError
 
@@ -40,10 +41,9 @@ def main(args) -> int:
         path = out / f"workers{n}.json"
         print(f"# [{i}/{len(counts)}] training with {n} worker(s) ...", end=" ", flush=True)
         started = time.perf_counter()
-        argv = ["train", "--model", "simple-cnn", "--data", "digits", "--epochs", str(args.epochs),
-                "--batch-size", str(args.batch_size), "--lr", "0.05", "--momentum", "0.9",
-                "--strategy", args.strategy, "--quiet", "--out", str(path)]
-        code = launch.run_local(n, argv)
+        config = TrainConfig(model="simple-cnn", data="digits", epochs=args.epochs, batch_size=args.batch_size,
+                             lr=0.05, momentum=0.9, strategy=args.strategy, quiet=True, out=str(path))
+        code = launch.run_local(n, ["train", *to_argv(config)])
         if code != 0:
             print(f"ddtrain demo: the {n}-worker run failed (exit code {code})", file=sys.stderr)
             return code

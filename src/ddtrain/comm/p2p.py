@@ -20,7 +20,6 @@ orders the current CUDA stream after the transfer and the process group's watchd
 from __future__ import annotations
 
 import datetime
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -43,11 +42,12 @@ class CommError(DDTrainError):
 def default_timeout_s() -> float:
     """The deadline of one collective: ddtrain.init()'s timeout, else DDTRAIN_TIMEOUT_S, else 300 s."""
     from ddtrain.dist import runtime
+    from ddtrain.dist.config import default_timeout_s as configured
 
     state = runtime._state
     if state is not None:
         return state.timeout_s
-    return float(os.environ.get("DDTRAIN_TIMEOUT_S", runtime.DEFAULT_TIMEOUT_S))
+    return configured()
 
 
 @dataclass

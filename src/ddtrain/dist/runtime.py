@@ -11,10 +11,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from ddtrain.dist.config import default_timeout_s
 from ddtrain.dist.env import LaunchEnv, detect_env
 from ddtrain.errors import DDTrainError
 
-DEFAULT_TIMEOUT_S = float(os.environ.get("DDTRAIN_TIMEOUT_S", "300"))
 
 
 @dataclass
@@ -52,7 +52,7 @@ def init(*, backend: str | None = None, timeout_s: float | None = None, device: 
     if _state is not None:
         return _state.env
     env = detect_env()
-    timeout_s = DEFAULT_TIMEOUT_S if timeout_s is None else float(timeout_s)
+    timeout_s = default_timeout_s() if timeout_s is None else float(timeout_s)
     if timeout_s <= 0:
         raise DDTrainError(f"timeout must be positive, got {timeout_s}")
     chosen = _choose_backend(env, backend or os.environ.get("DDTRAIN_BACKEND"))

@@ -30,7 +30,6 @@ from ddtrain.observe import files
 from ddtrain.dist import runtime
 from ddtrain.observe import tracing
 from ddtrain.comm import traffic
-from ddtrain.errors import DDTrainError
 from ddtrain.training.callbacks import Callback
 from ddtrain.observe.step_split import split_steps
 from ddtrain.observe.timeline import chrome_trace, estimate_offsets, straggler_summary
@@ -39,38 +38,12 @@ STEP_SPANS = ("data", "forward+backward", "optimizer+sync")
 PARTS = ("data_s", "compute_s", "comm_wait_s", "optimizer_s")
 
 
-def add_arguments(p) -> None:
-    g = p.add_argument_group("measurement (ddtrain bench scaling sets these)")
-    g.add_argument("--profile", action="store_true",
-                   help="add each rank's step split (data, compute, communication wait, optimizer) to the record")
-    g.add_argument("--trace", metavar="FILE", default=None,
-                   help="write a Chrome-trace JSON of every rank on one clock (implies --profile)")
-    # Not "--monitor": torchrun's parser (which run_local feeds our flags through) would take it
-    # for an abbreviation of its own --monitor-interval and stop.
-    g.add_argument("--monitor-system", action="store_true",
-                   help="sample CPU, GPU and network per rank into the record (implies --profile)")
-    g.add_argument("--monitor-every", type=float, default=0.5, metavar="SECONDS",
-                   help="seconds between --monitor-system samples")
-    g.add_argument("--warmup-steps", type=int, default=0, help="first steps left out of the profile's times")
-
-
-def validate(args) -> None:
-    """Check the measurement flags before any worker starts."""
-    if args.trace and not str(args.trace).endswith(".json"):
-        raise DDTrainError(f"--trace {args.trace!r} should name a .json file")
-    if not args.monitor_every > 0:
-        raise DDTrainError(f"--monitor-every must be positive, got {args.monitor_every}")
-    if args.warmup_steps < 0:
-        raise DDTrainError(f"--warmup-steps must be >= 0, got {args.warmup_steps}")
-
-
-def callbacks(args, config) -> list:
-    """The callbacks ``ddtrain train`` passes to ``fit`` for these flags (none when all are off)."""
-    if not (args.profile or args.trace or args.monitor_system):
+def callbacks(config) -> list:
+    """The callbacks a run's ``ProfileConfig`` asks for (none when measurement is off)."""
+    if not config.enabled:
         return []
-    validate(args)  # again: under a launcher the checks before the launch did not run
-    return [Profiler(trace_path=args.trace, monitor=args.monitor_system, interval_s=args.monitor_every,
-                     warmup_steps=args.warmup_steps)]
+    return [Profiler(trace_path=config.trace, monitor=config.monitor_system, interval_s=config.monitor_every,
+                     warmup_steps=config.warmup_steps)]
 
 
 class Profiler(Callback):

@@ -151,14 +151,14 @@ def rotate(directory, keep: int) -> list[Path]:
 def check_dir(config, fingerprint: dict) -> None:
     """Before any worker starts: --checkpoint-dir usable, and --resume has something that fits to resume."""
     from ddtrain.reliability import guard
-    directory = config.checkpoint_dir
+    directory = config.reliability.checkpoint_dir
     if not directory:
         return
     if Path(directory).exists() and not Path(directory).is_dir():
         raise DDTrainError(f"--checkpoint-dir {directory!r} is a file, not a directory")
     files.check_writable(Path(directory) / "ckpt", "--checkpoint-dir")
     found = listing(directory)
-    if not config.resume:
+    if not config.reliability.resume:
         if found:
             raise DDTrainError(f"--checkpoint-dir {directory} already holds checkpoints (newest: {found[0][1].name}); "
                                "pass --resume to continue from it, or choose an empty directory")

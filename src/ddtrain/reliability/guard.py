@@ -59,7 +59,8 @@ def fingerprint(config, model, data, world_size: int) -> dict:
            "strategy": config.strategy, "batch_size": config.batch_size, "train_samples": len(data.train),
            "val_samples": len(data.val) if data.val is not None else 0, "sample_shape": list(data.sample_shape),
            "input_dtype": _input_dtype(data.train), "num_classes": data.num_classes}
-    out.update({name: getattr(config, name) for name in AGREE})
+    flat = config.flat()
+    out.update({name: flat[name] for name in AGREE})
     return out
 
 

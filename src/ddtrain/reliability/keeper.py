@@ -54,12 +54,12 @@ class Keeper:
     def resume(self) -> None:
         """Load the newest whole checkpoint when --resume is given or torchrun restarted us."""
         config, attempt = self.config, self.info["attempt"]
-        if not config.checkpoint_dir or not (config.resume or attempt > 0):
+        if not config.reliability.checkpoint_dir or not (config.reliability.resume or attempt > 0):
             return
-        got = checkpoint.restore(config.checkpoint_dir, required=config.resume, warn=_warn,
-                                 check=lambda h: guard.check_resumable(h, self.fingerprint, config.checkpoint_dir))
+        got = checkpoint.restore(config.reliability.checkpoint_dir, required=config.reliability.resume, warn=_warn,
+                                 check=lambda h: guard.check_resumable(h, self.fingerprint, config.reliability.checkpoint_dir))
         if got is None:
-            runtime.print0(f"restart {attempt}: no checkpoint in {config.checkpoint_dir} yet, starting from step 0")
+            runtime.print0(f"restart {attempt}: no checkpoint in {config.reliability.checkpoint_dir} yet, starting from step 0")
             return
         header, shared, part = got
         state = shared if shared is not None else part
@@ -119,12 +119,12 @@ class Keeper:
 
     def _checking(self, step: int) -> bool:
         # On a GPU each check is a host sync: every step only when skipping needs it.
-        return self.config.on_nonfinite == "skip" or self.device.type != "cuda" or step % 50 == 0
+        return self.config.reliability.on_nonfinite == "skip" or self.device.type != "cuda" or step % 50 == 0
 
     def check_loss(self, loss, step: int) -> None:
         """Before backward: in stop mode a non-finite loss ends the run naming this rank."""
         self._loss_bad = self._checking(step) and not bool(torch.isfinite(loss.detach()).all().item())
-        if self._loss_bad and self.config.on_nonfinite == "stop":
+        if self._loss_bad and self.config.reliability.on_nonfinite == "stop":
             raise DDTrainError(f"non-finite loss ({loss.item()}) on rank {runtime.rank()} at step {step}; "
                                "lower --lr, check the data, or pass --on-nonfinite skip")
 
@@ -134,7 +134,7 @@ class Keeper:
         if not self._checking(step):
             return True
         grads_bad = self.scaler is None and not guard.grads_finite(self.module)
-        if self.config.on_nonfinite == "stop":
+        if self.config.reliability.on_nonfinite == "stop":
             if grads_bad:
                 raise DDTrainError(f"non-finite gradients on rank {runtime.rank()} at step {step} (the loss was "
                                    "finite here; after an all-reduce every rank sees them); lower --lr or pass "
@@ -157,10 +157,10 @@ class Keeper:
         config = self.config
         end_of_epoch = steps_done == self._steps_per_epoch
         final = (config.steps and step >= config.steps) or (end_of_epoch and self._epoch_now >= self.epochs)
-        if config.checkpoint_dir and (final or (step % config.checkpoint_every == 0 if config.checkpoint_every
+        if config.reliability.checkpoint_dir and (final or (step % config.reliability.checkpoint_every == 0 if config.reliability.checkpoint_every
                                                 else end_of_epoch)):
             self.save(step)
-        if step % config.check_every == 0 if config.check_every else end_of_epoch:
+        if step % config.sync.check_every == 0 if config.sync.check_every else end_of_epoch:
             self.check_replicas(step)
 
     # ---- the work --------------------------------------------------------------------------
@@ -177,8 +177,8 @@ class Keeper:
         header = {"step": step, "epoch": self._epoch_now, "step_in_epoch": self._in_epoch,
                   "strategy": self.config.strategy, "fingerprint": self.fingerprint,
                   "epochs_done": self.record["epochs"]}
-        path = checkpoint.save(self.config.checkpoint_dir, step, header, part,
-                               state if replicated and runtime.rank() == 0 else None, keep=self.config.keep)
+        path = checkpoint.save(self.config.reliability.checkpoint_dir, step, header, part,
+                               state if replicated and runtime.rank() == 0 else None, keep=self.config.reliability.keep)
         self.info["checkpoints_written"] += 1
         if path is not None:
             self.info["last_checkpoint"] = str(path)
@@ -195,7 +195,7 @@ class Keeper:
         if not diffs:
             return
         message = guard.describe_mismatch(step, diffs, self.group)
-        if self.config.on_mismatch == "stop":
+        if self.config.reliability.on_mismatch == "stop":
             cls = guard.ReplicaMismatch if runtime.rank() == 0 else guard.PeerStopped
             raise cls(message + "; stopping (--on-mismatch rebroadcast would copy rank 0's parameters instead)")
         guard.rebroadcast_(self.module, self.group)

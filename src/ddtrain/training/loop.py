@@ -23,18 +23,13 @@ from ddtrain.data.sharding import ShardSampler
 from ddtrain.training.evaluate import Meter, autocast, evaluate, loss_function
 from ddtrain.reliability.keeper import Keeper
 from ddtrain.training.progress import ProgressBar, epoch_line
-from ddtrain.sync import SyncOptions, wrap
+from ddtrain.sync import wrap
 
 
 def build_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
     if config.optimizer == "adam":
         return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
     return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
-
-
-def sync_options(config: TrainConfig) -> SyncOptions:
-    return SyncOptions(sync_every=config.sync_every, servers=config.servers,
-                       staleness=config.staleness, check_every=config.check_every)
 
 
 def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, loss_fn=None,
@@ -47,7 +42,7 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
         model = model.to(memory_format=torch.channels_last)
     optimizer = optimizer or build_optimizer(config, model.parameters())
     guard.check_startup(config, model, data)  # ranks that disagree refuse to start, naming rank and field
-    synced = wrap(config.strategy, model, optimizer, sync_options(config))
+    synced = wrap(config.strategy, model, optimizer, config.sync)
     distributed = runtime.is_distributed()
     torch.manual_seed(config.seed * 1000 + runtime.rank())  # per-rank dropout and augmentation
     step_model = torch.compile(synced.model) if config.compile else synced.model

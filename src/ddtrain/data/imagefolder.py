@@ -13,7 +13,9 @@ Randomness comes from torch's global generator, which DataLoader seeds per worke
 """
 from __future__ import annotations
 
+import errno
 import os
+import stat
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -36,20 +38,106 @@ def _pillow():
 
 
 def scan(root: Path) -> tuple[list[str], list[str], np.ndarray]:
-    """(class names, image paths relative to root, labels) of a class-folder tree."""
-    classes = sorted(e.name for e in os.scandir(root) if e.is_dir() and not e.name.startswith("."))
+    """(class names, image paths relative to root, labels) of a class-folder tree.
+
+    The walk follows no directory symlink: one leading out of the data folder, back up into a
+    folder that contains it (a loop) or into another folder of the tree (images counted twice,
+    or under another class) is refused, naming the link. Every file with an image extension
+    must be a regular, non-empty file: FIFOs, devices and sockets are refused here, never
+    opened (reading a FIFO blocks forever), and so are empty files and symlinks that lead nowhere.
+    Costs one ``stat`` per image, no decoding.
+    """
+    top = os.path.realpath(root)
+    classes = []
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        if entry.name.startswith("."):
+            continue
+        if entry.is_symlink():
+            info = _link_target(entry.path, is_image=False)
+            if info is not None and stat.S_ISDIR(info.st_mode):
+                raise _folder_link_error(entry.path, top)
+        elif entry.is_dir(follow_symlinks=False):
+            classes.append(entry.name)
     if not classes:
         raise DDTrainError(f"imagefolder: {root} has no class sub-folders (expected {root}/<class>/<image>.jpg)")
     files, labels = [], []
     for label, name in enumerate(classes):
-        found = sorted(os.path.join(name, os.path.relpath(os.path.join(d, f), root / name))
-                       for d, _, fs in os.walk(root / name, followlinks=True) for f in fs
-                       if f.lower().endswith(EXTENSIONS) and not f.startswith("."))
+        found = sorted(os.path.join(name, path) for path in _images(os.path.join(root, name), top))
         if not found:
             raise DDTrainError(f"imagefolder: class folder {root / name} holds no images ({', '.join(EXTENSIONS)})")
         files += found
         labels += [label] * len(found)
     return classes, files, np.asarray(labels, dtype=np.int64)
+
+
+def _images(folder: str, top: str) -> list[str]:
+    """Image paths under ``folder``, relative to it; directory symlinks are refused, not followed."""
+    found, pending = [], [folder]
+    while pending:
+        with os.scandir(pending.pop()) as entries:
+            for entry in entries:
+                is_image = entry.name.lower().endswith(EXTENSIONS) and not entry.name.startswith(".")
+                if entry.is_symlink():
+                    info = _link_target(entry.path, is_image)
+                    if info is None:
+                        continue
+                    if stat.S_ISDIR(info.st_mode):
+                        raise _folder_link_error(entry.path, top)
+                elif entry.is_dir(follow_symlinks=False):
+                    pending.append(entry.path)
+                    continue
+                elif not is_image:
+                    continue
+                else:
+                    info = entry.stat(follow_symlinks=False)
+                if not is_image:
+                    continue
+                if not stat.S_ISREG(info.st_mode):
+                    raise DDTrainError(f"imagefolder: {entry.path} is a {_kind(info.st_mode)}, not an image file; "
+                                       f"remove it from the data folder (ddtrain does not open it: reading a FIFO "
+                                       f"or a device can block forever)")
+                if info.st_size == 0:
+                    raise DDTrainError(f"imagefolder: {entry.path} is empty (0 bytes), not an image; remove it "
+                                       f"or replace it with the real image")
+                found.append(os.path.relpath(entry.path, folder))
+    return found
+
+
+def _link_target(path: str, is_image: bool):
+    """The stat of what the symlink ``path`` points at; None for a dangling link to a non-image name."""
+    try:
+        return os.stat(path)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise DDTrainError(f"imagefolder: {path} is a symlink loop (it leads back to itself: "
+                               f"{os.readlink(path)}); remove it") from None
+        if not is_image:
+            return None
+        raise DDTrainError(f"imagefolder: {path} is a symlink to {os.readlink(path)}, which cannot be read "
+                           f"({exc.strerror}); remove it or restore its target") from None
+
+
+def _folder_link_error(path: str, top: str) -> DDTrainError:
+    target = os.path.realpath(path)
+    inside = os.path.commonpath([top, target]) == top
+    if os.path.commonpath([target, os.path.realpath(os.path.dirname(path))]) == target:
+        why = "back up to a folder that contains it: a loop, its images counted again under this class"
+    elif not inside:
+        why = "out of the data folder"
+    else:
+        why = "to another folder of the data set: its images would be counted twice, perhaps under another class"
+    return DDTrainError(f"imagefolder: {path} is a symlink to the folder {target}, which leads {why}; ddtrain "
+                        f"follows no folder symlinks inside the data folder: replace it with a real folder "
+                        f"(or give the linked folder itself as the data) or remove it")
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISFIFO, "FIFO (named pipe)"), (stat.S_ISSOCK, "socket"),
+                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
+                       (stat.S_ISDIR, "folder")):
+        if test(mode):
+            return name
+    return "special file"
 
 
 @dataclass

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -27,11 +28,17 @@ def _find(root: Path, split: str, kind: str) -> Path:
 
 def read_idx(path: Path, magic: int) -> np.ndarray:
     """Read one IDX file, checking its magic number and that its size matches its header."""
-    opener = gzip.open if path.suffix == ".gz" else open
     try:
-        with opener(path, "rb") as f:
-            raw = f.read()
-    except (OSError, EOFError) as exc:
+        if path.suffix != ".gz":
+            raw = path.read_bytes()
+        else:
+            with gzip.open(path, "rb") as f:
+                raw = f.read()
+    except (OSError, EOFError, zlib.error) as exc:
+        if path.suffix == ".gz" and not isinstance(exc, (FileNotFoundError, PermissionError, IsADirectoryError)):
+            # zlib.error ("Error -3 ..."), BadGzipFile (CRC, header) and EOFError (cut short)
+            raise DDTrainError(f"{path}: damaged gzip file, cannot decompress it ({exc}); "
+                               f"download it again") from None
         raise DDTrainError(f"{path}: cannot read ({exc})") from None
     if len(raw) < 8:
         raise DDTrainError(f"{path}: file too short to be an IDX file ({len(raw)} bytes)")

@@ -28,14 +28,12 @@ from __future__ import annotations
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from functools import partial
 
 import torch
-import torch.distributed as dist
 
 from ddtrain import comm
 from ddtrain.sync.accounting import Ledger
-from ddtrain.sync.base import Synced, SyncOptions, SyncStats
+from ddtrain.sync.base import Strategy, SyncOptions
 from ddtrain.sync.ddp import ddp_model
 from ddtrain.sync.divergence import DivergenceMonitor
 
@@ -97,31 +95,19 @@ def hooked_ddp(model, options: SyncOptions, algorithm: str, ledger: Ledger | Non
     return ddp_model(model, options, comm_hook=allreduce_hook, hook_state=state), state
 
 
-def wrap_allreduce(model, optimizer, options: SyncOptions, *, algorithm: str) -> Synced:
+class AllReduceStrategy(Strategy):
     """The strategy named ``algorithm``: DDP + that all-reduce on every gradient bucket."""
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if world == 1:
-        return Synced(model, optimizer, model, SyncStats(method="none: world size 1"))
-    stats = SyncStats()
-    ddp, state = hooked_ddp(model, options, algorithm)
-    synced = Synced(ddp, optimizer, model, stats)
-    monitor = DivergenceMonitor(model, stats, None, options.check_every)
 
-    def update_stats() -> None:
-        state.ledger.fill(stats)
-        stats.extra["buckets_reduced"] = state.buckets
-        stats.extra["comm_wait_note"] = ("time inside the all-reduce; on CPU it runs on a communication "
-                                        "thread and overlaps the backward pass")
+    def __init__(self, model, optimizer, options: SyncOptions, *, algorithm: str):
+        ddp, self.hook = hooked_ddp(model, options, algorithm)
+        super().__init__(ddp, optimizer, module=model)
+        self.monitor = DivergenceMonitor(model, self.stats, None, options.check_every)
 
-    synced.after_step = lambda step: monitor.after_step()
-    synced.end_epoch = lambda epoch: monitor.end_epoch(epoch)
-    synced.finish = state.close
-    synced.update_stats = update_stats
-    return synced
+    def update_stats(self) -> None:
+        self.hook.ledger.fill(self.stats)
+        self.stats.extra["buckets_reduced"] = self.hook.buckets
+        self.stats.extra["comm_wait_note"] = ("time inside the all-reduce; on CPU it runs on a communication "
+                                             "thread and overlaps the backward pass")
 
-
-def strategy_for(algorithm: str):
-    """The ``wrap`` function of the strategy that uses ``algorithm`` (for the STRATEGIES table)."""
-    fn = partial(wrap_allreduce, algorithm=algorithm)
-    fn.__doc__ = f"DDP with the {algorithm} all-reduce of ddtrain.comm as its communication hook."
-    return fn
+    def close(self) -> None:
+        self.hook.close()

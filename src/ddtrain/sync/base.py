@@ -1,10 +1,16 @@
-"""What every strategy returns and reports."""
+"""What every strategy is and reports: ``SyncOptions`` in, a ``Strategy`` (with its ``SyncStats``) out.
+
+``Strategy`` is also the single-process strategy: at world size 1 ``ddtrain.sync.wrap`` returns
+one of these, with the model and optimizer unchanged and no communication, whatever was asked.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
 
+import torch.distributed as dist
 import torch.nn as nn
+
+from ddtrain.dist import runtime
 
 
 @dataclass(kw_only=True)
@@ -51,31 +57,64 @@ class SyncStats:
                 "comm_wait_s": round(self.comm_wait_s, 6), "method": self.method, **self.extra}
 
 
-def _noop(*_args, **_kwargs):
-    return None
-
-
-@dataclass
-class Synced:
-    """A strategy applied: call ``model``, step ``optimizer``, read ``stats``.
+class Strategy:
+    """A strategy applied on this rank: call ``model``, step ``optimizer``, read ``stats``.
 
     ``role`` is "worker" for ranks that train on data, "server" for parameter-server ranks,
-    which run ``serve()`` instead of the training loop. ``after_step(step)`` and
-    ``end_epoch(epoch)`` are called by the loop (and by ``prepare``'s optimizer wrapper).
+    which run ``serve()`` instead of the training loop. The loop (and ``prepare``'s optimizer
+    wrapper) calls ``after_step(step)`` and ``end_epoch(epoch)``; ``finish()`` runs once when
+    training ends, from the loop or else from ``ddtrain.shutdown()``. Subclasses override the
+    hooks they need and put what ``finish`` does in ``close()``; state lives in attributes.
     """
 
-    model: nn.Module
-    optimizer: object
-    module: nn.Module                       # the bare model, for evaluation and saving
-    stats: SyncStats = field(default_factory=SyncStats)
-    role: str = "worker"
-    workers: int | None = None              # ranks that train on data (None: every rank)
-    worker_rank: int | None = None          # this rank's index among them (None: its rank)
-    group: object = None                    # process group of the workers (None: every rank)
-    after_step: Callable[[int], None] = _noop
-    end_epoch: Callable[[int], None] = _noop
-    serve: Callable[[], None] = _noop
-    finish: Callable[[], None] = _noop     # called once when training ends
-    update_stats: Callable[[], None] = _noop  # refresh ``stats`` before reading
-    replicas_identical: Callable[[int], bool] | None = None  # None: ``spec.replicated`` at every step
-    spec: object = None                     # the StrategySpec it was built from (set by ``wrap``)
+    def __init__(self, model: nn.Module, optimizer, *, module: nn.Module | None = None,
+                 stats: SyncStats | None = None, role: str = "worker", workers: int | None = None,
+                 worker_rank: int | None = None, group=None):
+        distributed = dist.is_initialized()
+        self.model = model                                   # what the loop calls (e.g. DDP-wrapped)
+        self.module = model if module is None else module    # the bare model, for evaluation and saving
+        self.optimizer = optimizer                           # what the loop steps
+        self.stats = stats if stats is not None else SyncStats()
+        self.role = role
+        # ranks that train on data, and this rank's index among them (default: every rank)
+        self.workers = workers if workers is not None else (dist.get_world_size() if distributed else 1)
+        self.worker_rank = worker_rank if worker_rank is not None else (dist.get_rank() if distributed else 0)
+        self.group = group                                   # process group of the workers (None: every rank)
+        self.spec = None                                     # the StrategySpec it was built from (set by ``wrap``)
+        self.monitor = None                                  # a DivergenceMonitor, where the strategy keeps one
+        self._finished = False
+
+    def after_step(self, step: int) -> None:
+        if self.monitor is not None:
+            self.monitor.after_step()
+
+    def end_epoch(self, epoch: int) -> None:
+        if self.monitor is not None:
+            self.monitor.end_epoch(epoch)
+
+    def serve(self) -> None:
+        """A server's whole run (parameter servers); workers never call it."""
+
+    def update_stats(self) -> None:
+        """Refresh ``stats`` before it is read."""
+
+    def replicas_identical(self, step: int) -> bool:
+        """Are the replicas bitwise identical after ``step``? (Default: the spec's ``replicated``.)"""
+        return self.spec.replicated
+
+    def finish(self) -> None:
+        """End the strategy: runs ``close()`` exactly once, however often it is called."""
+        if self._finished:
+            return
+        self._finished = True
+        if self.finish in runtime.AT_SHUTDOWN:   # registered by ``wrap``; gone when shutdown() is the caller
+            runtime.AT_SHUTDOWN.remove(self.finish)
+        self.close()
+
+    def close(self) -> None:
+        """What ``finish`` does (last messages, a last averaging, threads to stop)."""
+
+
+def single_process(model: nn.Module, optimizer) -> Strategy:
+    """World size 1: the model and optimizer unchanged, nothing to communicate."""
+    return Strategy(model, optimizer, stats=SyncStats(method="none: world size 1"), workers=1, worker_rank=0)

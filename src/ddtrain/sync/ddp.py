@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ddtrain.sync.base import Synced, SyncOptions, SyncStats
+from ddtrain.sync.base import Strategy, SyncOptions, SyncStats
 from ddtrain.sync.divergence import DivergenceMonitor
 
 
@@ -22,24 +22,21 @@ def gradient_bytes(model) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
 
 
-def wrap_ddp(model, optimizer, options: SyncOptions) -> Synced:
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if world == 1:
-        return Synced(model, optimizer, model, SyncStats(method="none: world size 1"))
-    synced = Synced(ddp_model(model, options), optimizer, model,
-                    SyncStats(method="formula: one ring all-reduce a step, 2(R-1)/R of the gradient bytes "
-                                     "and 2(R-1) messages each way (DDP's buckets not counted apart)"))
-    per_step = int(2 * (world - 1) / world * gradient_bytes(model))
-    messages = 2 * (world - 1)
-    monitor = DivergenceMonitor(model, synced.stats, None, options.check_every)
-    synced.stats.extra["comm_wait_note"] = "not observable: the native all-reduce runs inside DDP"
+class DDPStrategy(Strategy):
+    """``ddp``: DDP-wrapped model; traffic by formula (the native all-reduce runs inside DDP, unseen)."""
 
-    def after_step(step: int) -> None:
-        monitor.after_step()
-        stats = synced.stats
-        stats.bytes_sent = stats.bytes_received = per_step * monitor.steps
-        stats.messages_sent = stats.messages_received = messages * monitor.steps
+    def __init__(self, model, optimizer, options: SyncOptions):
+        world = dist.get_world_size()
+        super().__init__(ddp_model(model, options), optimizer, module=model, stats=SyncStats(
+            method="formula: one ring all-reduce a step, 2(R-1)/R of the gradient bytes "
+                   "and 2(R-1) messages each way (DDP's buckets not counted apart)"))
+        self.bytes_per_step = int(2 * (world - 1) / world * gradient_bytes(model))
+        self.messages_per_step = 2 * (world - 1)
+        self.monitor = DivergenceMonitor(model, self.stats, None, options.check_every)
+        self.stats.extra["comm_wait_note"] = "not observable: the native all-reduce runs inside DDP"
 
-    synced.after_step = after_step
-    synced.end_epoch = lambda epoch: monitor.end_epoch(epoch)
-    return synced
+    def after_step(self, step: int) -> None:
+        super().after_step(step)
+        stats, steps = self.stats, self.monitor.steps
+        stats.bytes_sent = stats.bytes_received = self.bytes_per_step * steps
+        stats.messages_sent = stats.messages_received = self.messages_per_step * steps

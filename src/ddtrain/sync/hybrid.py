@@ -16,56 +16,30 @@ outside the gradients). Its cost is 000 Table 5.1's "proposed" column:
 """
 from __future__ import annotations
 
-import time
-
-import torch.distributed as dist
-
 from ddtrain.sync.accounting import Ledger
 from ddtrain.sync.allreduce import hooked_ddp
-from ddtrain.sync.base import Synced, SyncOptions, SyncStats
-from ddtrain.sync.divergence import DivergenceMonitor
+from ddtrain.sync.base import SyncOptions
+from ddtrain.sync.periodic import PeriodicStrategy
 from ddtrain.sync.state import broadcast_, state_tensors
 
 ALGORITHM = "ring"
 
 
-def wrap_hybrid(model, optimizer, options: SyncOptions) -> Synced:
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if world == 1:
-        return Synced(model, optimizer, model, SyncStats(method="none: world size 1"))
-    stats = SyncStats()
-    ledger = Ledger((ALGORITHM, "bcast"))
-    ddp, hook = hooked_ddp(model, options, ALGORITHM, ledger)
-    synced = Synced(ddp, optimizer, model, stats)
-    monitor = DivergenceMonitor(model, stats, None, options.check_every)
-    every = options.sync_every
-    steps, broadcasts = [0], [0]
+class HybridStrategy(PeriodicStrategy):
+    """Ring-averaged gradients every step; rank 0's parameters and buffers broadcast when a sync is due."""
 
-    def broadcast() -> None:
-        start = time.perf_counter()
-        broadcast_(state_tensors(model), counted=True)
-        ledger.wait_s += time.perf_counter() - start
-        broadcasts[0] += 1
+    SYNCS_NAME = "broadcasts"
 
-    def after_step(step: int) -> None:
-        steps[0] += 1
-        due = every != "epoch" and steps[0] % every == 0
-        if due:
-            broadcast()
-        monitor.after_step(after_sync=due)
+    def __init__(self, model, optimizer, options: SyncOptions):
+        ledger = Ledger((ALGORITHM, "bcast"))
+        ddp, self.hook = hooked_ddp(model, options, ALGORITHM, ledger)
+        super().__init__(ddp, optimizer, options, ledger=ledger, module=model)
 
-    def end_epoch(epoch: int) -> None:
-        if every == "epoch":
-            broadcast()
-        monitor.end_epoch(epoch, after_sync=every == "epoch")
+    def sync_(self) -> None:
+        broadcast_(state_tensors(self.module), counted=True)
 
-    def update_stats() -> None:
-        ledger.fill(stats)
-        stats.extra["broadcasts"] = broadcasts[0]
-        stats.extra["sync_every"] = every
+    def replicas_identical(self, step: int) -> bool:
+        return self.due(step)     # identical right after each broadcast of rank 0's state
 
-    synced.after_step, synced.end_epoch = after_step, end_epoch
-    # identical right after each broadcast of rank 0's state
-    synced.replicas_identical = lambda step: every != "epoch" and step % every == 0
-    synced.finish, synced.update_stats = hook.close, update_stats
-    return synced
+    def close(self) -> None:
+        self.hook.close()

@@ -17,58 +17,26 @@ Rank 0's initial state is broadcast once (not counted), as DDP does.
 """
 from __future__ import annotations
 
-import time
-
-import torch.distributed as dist
-
 from ddtrain.sync.accounting import Ledger
-from ddtrain.sync.base import Synced, SyncOptions, SyncStats
-from ddtrain.sync.divergence import DivergenceMonitor
+from ddtrain.sync.base import SyncOptions
+from ddtrain.sync.periodic import PeriodicStrategy
 from ddtrain.sync.state import average_, broadcast_, state_tensors
 
 ALGORITHM = "ring"
 
 
-def wrap_local_sgd(model, optimizer, options: SyncOptions) -> Synced:
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if world == 1:
-        return Synced(model, optimizer, model, SyncStats(method="none: world size 1"))
-    broadcast_(state_tensors(model), counted=False)
-    stats = SyncStats()
-    ledger = Ledger((ALGORITHM,))
-    synced = Synced(model, optimizer, model, stats)
-    monitor = DivergenceMonitor(model, stats, None, options.check_every)
-    every = options.sync_every
-    steps, averaged_at, averagings = [0], [0], [0]   # steps taken, steps at the last averaging, averagings
+class LocalSGDStrategy(PeriodicStrategy):
+    """Plain local steps; parameters and buffers averaged when a sync is due, and once more at the end."""
 
-    def average() -> None:
-        start = time.perf_counter()
-        average_(state_tensors(model), algorithm=ALGORITHM)
-        ledger.wait_s += time.perf_counter() - start
-        averaged_at[0] = steps[0]
-        averagings[0] += 1
+    SYNCS_NAME = "averagings"
 
-    def after_step(step: int) -> None:
-        steps[0] += 1
-        due = every != "epoch" and steps[0] % every == 0
-        if due:
-            average()
-        monitor.after_step(after_sync=due)
+    def __init__(self, model, optimizer, options: SyncOptions):
+        broadcast_(state_tensors(model), counted=False)
+        super().__init__(model, optimizer, options, ledger=Ledger((ALGORITHM,)))
 
-    def end_epoch(epoch: int) -> None:
-        if every == "epoch":
-            average()
-        monitor.end_epoch(epoch, after_sync=every == "epoch")
+    def sync_(self) -> None:
+        average_(state_tensors(self.module), algorithm=ALGORITHM)
 
-    def finish() -> None:
-        if steps[0] > averaged_at[0]:
-            average()
-
-    def update_stats() -> None:
-        ledger.fill(stats)
-        stats.extra["averagings"] = averagings[0]
-        stats.extra["sync_every"] = every
-
-    synced.after_step, synced.end_epoch = after_step, end_epoch
-    synced.finish, synced.update_stats = finish, update_stats
-    return synced
+    def close(self) -> None:
+        if self.steps > self.synced_at:
+            self.sync()

@@ -15,7 +15,7 @@ class StrategySpec:
     """One synchronisation strategy, as every other package sees it."""
 
     name: str                       # the --strategy word
-    build: Callable                 # (model, optimizer, SyncOptions) -> the applied strategy (ddtrain.sync.base)
+    build: Callable                 # (model, optimizer, SyncOptions) -> a Strategy (ddtrain.sync.base); world size > 1
     summary: str                    # one line for --help and docs
     replicated: bool = True         # replicas bitwise identical after every step (checked; one checkpoint for all)
     sync_in_backward: bool = False  # the gradient all-reduce runs inside backward (DDP and its hooks)

@@ -34,7 +34,7 @@ process group of its own (``Plan.route``), and a worker's next receive is posted
 its parameters were sent: a receive posted first would hold the send behind it, and a receive
 for one worker would hold the answers to all the others (a hang on 4 H200s, fixed). Either
 way a worker that has parameters but sends nothing within the timeout is reported by name
-(see ``param_server.ServerCore.fail``).
+(see ``ServerCore.fail`` in ``server``).
 """
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ scaling() {  # name, strategies, workers, extra args...
 }
 case "$part" in
 one)
-  python3 -m pytest -q -p no:cacheprovider tests/test_cuda.py 2>&1 | tail -4
+  python3 -m pytest -q -p no:cacheprovider tests/integration/test_cuda.py 2>&1 | tail -4
   CUDA_VISIBLE_DEVICES=0 timeout 480 python3 benchmarks/gpu_single.py \
       --cases "resnet50 fp32,resnet50 bf16 cl,resnet18 bf16 cl,unet 97ch 192 bf16" \
       --strategies ddp,ring --repeats 2 --out "$out/gpu_single_eager.json" 2>&1 | tail -16 ;;

@@ -1,7 +1,7 @@
 """Pure arithmetic of the cluster reproductions: expected bytes, crossovers, α-β fits, count comparisons.
 
 No processes, no files: the scripts measure, these functions turn measurements into the
-figures docs/REPRODUCING.md quotes (tests/test_cluster_repro.py checks them against
+figures docs/REPRODUCING.md quotes (tests/integration/test_cluster_repro.py checks them against
 independent derivations).
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ k nodes of it (``on_nodes``): the namespaces, links and rate limits are the same
 and the 10 s or so of creating and removing namespaces is paid once. Nodes outside a cell stay
 idle (no processes, no traffic); every process of a cell is stopped before the next starts.
 
-Pure functions live in ``analysis.py`` (tested in tests/test_cluster_repro.py).
+Pure functions live in ``analysis.py`` (tested in tests/integration/test_cluster_repro.py).
 """
 from __future__ import annotations
 

@@ -9,14 +9,31 @@ the literature behind one switch, and the measurements to choose between them.
 """
 __version__ = "0.1.0"
 
-from ddtrain.config import TrainConfig
-from ddtrain.dist.runtime import (backend, device, init, is_distributed, local_rank, local_world_size, print0, rank,
-                                  shutdown, world_size)
-from ddtrain.errors import DDTrainError
-from ddtrain.training.callbacks import Callback
-from ddtrain.training.loop import fit
-from ddtrain.training.prepare import prepare
+# The public names, imported on first use (PEP 562): ``ddtrain --help`` and the command table
+# answer without importing torch (1.5-5 s on these machines), and a command imports only its own
+# modules.
+_PUBLIC = {
+    "TrainConfig": "ddtrain.config",
+    "DDTrainError": "ddtrain.errors",
+    "Callback": "ddtrain.training.callbacks",
+    "fit": "ddtrain.training.loop",
+    "prepare": "ddtrain.training.prepare",
+    **{name: "ddtrain.dist.runtime" for name in ("backend", "device", "init", "is_distributed", "local_rank",
+                                                 "local_world_size", "print0", "rank", "shutdown", "world_size")},
+}
 
-__all__ = ["init", "shutdown", "prepare", "fit", "Callback", "TrainConfig", "DDTrainError", "rank",
-           "world_size", "local_rank", "local_world_size", "device", "backend", "is_distributed", "print0",
-           "__version__"]
+__all__ = [*_PUBLIC, "__version__"]
+
+
+def __getattr__(name: str):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ddtrain' has no attribute {name!r}")
+    import importlib
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_PUBLIC])

@@ -1,5 +1,7 @@
 """What a user sees at the command line: one clear message and a non-zero exit for bad input."""
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -73,3 +75,12 @@ def test_a_failing_worker_ends_the_job_with_its_error_once():
     assert result.stderr.count("rank 1 deliberately failed") == 1, result.stderr
     assert "worker rank 1 failed" in result.stderr
     assert "Traceback" not in result.stderr, result.stderr
+
+
+def test_help_answers_without_importing_torch():
+    # issue 22: `ddtrain --help` took 1.5-5 s because the package imported torch up front
+    code = ("import sys; from ddtrain.cli import main; main(['--help']); "
+            "assert 'torch' not in sys.modules, 'torch was imported'")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "bench collectives" in result.stdout

@@ -10,15 +10,18 @@ import pytest
 import torch
 
 from ddtrain import TrainConfig, fit
+from ddtrain.sync import STRATEGIES
 from multirank import run_ranks
 from helpers import N_SAMPLES, assert_same_parameters, tiny_data as _data, tiny_model as _model
 
 BATCH = 8
-DDP_LIKE = ["ddp", "ring", "ring-async", "tree", "butterfly", "central", "hybrid"]
+# every synchronous strategy whose every rank trains (DDP and its hooks, hybrid); the parameter-server ones
+SYNCHRONOUS = [name for name, spec in STRATEGIES.items() if spec.synchronous and not spec.uses_servers]
+WITH_SERVERS = [name for name, spec in STRATEGIES.items() if spec.synchronous and spec.uses_servers]
 CASES = {                                   # world size -> [(strategy, workers, momentum)]
-    2: [(s, 2, 0.9) for s in DDP_LIKE] + [("local-sgd", 2, 0.0), ("local-sgd", 2, 0.9)],
-    3: [(s, 3, 0.9) for s in DDP_LIKE] + [("local-sgd", 3, 0.0), ("ps-sync", 2, 0.9)],
-    4: [("ps-sync", 3, 0.9), ("ps-sync", 2, 0.9)],          # the second: 2 servers, parameters sharded
+    2: [(s, 2, 0.9) for s in SYNCHRONOUS] + [("local-sgd", 2, 0.0), ("local-sgd", 2, 0.9)],
+    3: [(s, 3, 0.9) for s in SYNCHRONOUS] + [("local-sgd", 3, 0.0)] + [(s, 2, 0.9) for s in WITH_SERVERS],
+    4: [(s, 3, 0.9) for s in WITH_SERVERS] + [(s, 2, 0.9) for s in WITH_SERVERS],   # the second: 2 servers, sharded
 }
 
 
@@ -37,7 +40,7 @@ def train(strategy: str, batch_size: int, momentum: float, epochs: int = 2, serv
 
 
 def train_cases(cases, world):
-    return [train(strategy, BATCH, momentum, servers=world - workers if strategy.startswith("ps-") else 1)
+    return [train(strategy, BATCH, momentum, servers=world - workers if STRATEGIES[strategy].uses_servers else 1)
             for strategy, workers, momentum in cases]
 
 

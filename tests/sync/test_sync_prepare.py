@@ -9,7 +9,11 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import ddtrain
+from ddtrain.sync import STRATEGIES
 from multirank import run_ranks
+
+# parameter servers (their workers' STOP) and local SGD (its last averaging)
+NEED_A_LAST_WORD = [name for name, spec in STRATEGIES.items() if spec.uses_servers] + ["local-sgd"]
 
 
 def user_script(strategy):
@@ -36,11 +40,12 @@ def user_script(strategy):
 
 
 def test_shutdown_finishes_the_strategies_that_need_it():
-    for strategy in ("ps-sync", "ps-async", "local-sgd"):
+    for strategy in NEED_A_LAST_WORD:
         results = run_ranks(user_script, 3, strategy, timeout_s=120)
         workers = [params for role, params in results if role == "worker"]
-        if strategy.startswith("ps-"):
+        uses_servers = STRATEGIES[strategy].uses_servers
+        if uses_servers:
             assert results[2] == ("server", 0)
-        assert len(workers) == (2 if strategy.startswith("ps-") else 3)
+        assert len(workers) == (2 if uses_servers else 3)
         for params in workers[1:]:
             assert all(torch.equal(a, b) for a, b in zip(workers[0], params)), strategy

@@ -20,8 +20,11 @@ bits, and the same inputs always give the same bits.
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
+from ddtrain.comm.algorithm import Algorithm, trivial_cost
 from ddtrain.comm.ops import combine_, run_all_reduce
 from ddtrain.comm.p2p import Comm, sendrecv
 
@@ -84,3 +87,25 @@ def _butterfly_(flat: torch.Tensor, op: str, comm: Comm) -> None:
 def all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, *, timeout_s: float | None = None):
     """Rabenseifner butterfly all-reduce in place (any world size); returns ``tensor``."""
     return run_all_reduce(tensor, op, group, timeout_s, "butterfly", _butterfly_)
+
+
+def butterfly_time(nbytes: float, ranks: int, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Recursive halving reduce-scatter + recursive doubling all-gather (Rabenseifner).
+
+    For p a power of two: ``2·log2(p)·α + 2((p−1)/p)nβ + ((p−1)/p)nγ``. Otherwise the
+    r = p − p' extra ranks (p' the largest power of two ≤ p) first send their whole buffer
+    to a partner, which adds it in, and get the result back at the end:
+    ``+ 2α + 2nβ + nγ`` on top of the formula for p'.
+    """
+    if trivial_cost(nbytes, ranks):
+        return 0.0
+    core = 1 << (ranks.bit_length() - 1)
+    share = (core - 1) / core * nbytes
+    time = 2 * math.log2(core) * alpha + 2 * share * beta + share * gamma
+    if core != ranks:
+        time += 2 * alpha + 2 * nbytes * beta + nbytes * gamma
+    return time
+
+
+ALGORITHM = Algorithm(name="butterfly", all_reduce=all_reduce, time=butterfly_time,
+                      summary="recursive-halving reduce-scatter, recursive-doubling all-gather (Rabenseifner)")

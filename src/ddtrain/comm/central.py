@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from ddtrain.comm.algorithm import Algorithm, trivial_cost
 from ddtrain.comm.ops import combine_, run_all_reduce
 from ddtrain.comm.p2p import Comm, sendrecv
 
@@ -38,3 +39,19 @@ def _central_(flat: torch.Tensor, op: str, comm: Comm) -> None:
 def all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, *, timeout_s: float | None = None):
     """Central (master) all-reduce through group rank 0, in place; returns ``tensor``."""
     return run_all_reduce(tensor, op, group, timeout_s, "central", _central_)
+
+
+def central_time(nbytes: float, ranks: int, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Everyone sends to rank 0, which adds and sends the result back to each (000 Fig 4.1).
+
+    The root's link is the bottleneck: it receives p−1 whole buffers, one after another, adds
+    each, then sends p−1 whole buffers: ``2(p−1)(α + nβ) + (p−1)nγ``.
+    """
+    if trivial_cost(nbytes, ranks):
+        return 0.0
+    p = ranks
+    return 2 * (p - 1) * (alpha + nbytes * beta) + (p - 1) * nbytes * gamma
+
+
+ALGORITHM = Algorithm(name="central", all_reduce=all_reduce, time=central_time,
+                      summary="every rank sends to rank 0, which reduces and sends the result back")

@@ -15,8 +15,10 @@ import torch
 import torch.distributed as dist
 
 from ddtrain.comm import traffic
+from ddtrain.comm.algorithm import Algorithm
 from ddtrain.comm.ops import run_all_reduce
 from ddtrain.comm.p2p import Comm, CommError
+from ddtrain.comm.ring_async import ring_async_time
 
 REDUCE_OP = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
              "max": dist.ReduceOp.MAX, "min": dist.ReduceOp.MIN}
@@ -51,3 +53,18 @@ def _native_(flat: torch.Tensor, op: str, comm: Comm) -> None:
 def all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, *, timeout_s: float | None = None):
     """``torch.distributed.all_reduce`` with ddtrain's ops, checks, deadline and traffic record."""
     return run_all_reduce(tensor, op, group, timeout_s, "native", _native_)
+
+
+def native_time(nbytes: float, ranks: int, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """``torch.distributed.all_reduce``, assumed to be a pipelined ring (the ring-async formula).
+
+    Gloo's CPU all-reduce is a ring over segments that reduces one segment while the next
+    is in flight (gloo/allreduce.cc, ``ring``); NCCL picks ring or tree by size and topology,
+    and its large-message ring has the same bandwidth term. The assumption is checked by the
+    bench's error column, not trusted.
+    """
+    return ring_async_time(nbytes, ranks, alpha, beta, gamma)
+
+
+ALGORITHM = Algorithm(name="native", all_reduce=all_reduce, time=native_time,
+                      summary="the backend's own all-reduce (NCCL's on GPUs, Gloo's on CPUs)")

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from ddtrain.comm.algorithm import Algorithm, trivial_cost
 from ddtrain.comm.ops import combine_, run_all_reduce
 from ddtrain.comm.p2p import Comm, sendrecv
 
@@ -65,3 +66,19 @@ def _ring_(flat: torch.Tensor, op: str, comm: Comm) -> None:
 def all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, *, timeout_s: float | None = None):
     """Ring all-reduce of ``tensor`` in place (every rank ends bitwise identical); returns it."""
     return run_all_reduce(tensor, op, group, timeout_s, "ring", _ring_)
+
+
+def ring_time(nbytes: float, ranks: int, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Reduce-scatter then all-gather around the ring: 2(p−1) steps of n/p bytes.
+
+    ``2(p−1)α + 2((p−1)/p)nβ + ((p−1)/p)nγ``: each of the p−1 reduce-scatter steps also adds
+    a received chunk of n/p bytes into the local one, after it arrives (blocking ring).
+    """
+    if trivial_cost(nbytes, ranks):
+        return 0.0
+    p, share = ranks, (ranks - 1) / ranks * nbytes
+    return 2 * (p - 1) * alpha + 2 * share * beta + share * gamma
+
+
+ALGORITHM = Algorithm(name="ring", all_reduce=all_reduce, time=ring_time,
+                      summary="reduce-scatter then all-gather around a ring")

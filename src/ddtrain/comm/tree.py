@@ -17,10 +17,12 @@ ceil(log2 n) of them). So a rank with c children sends and receives (c + [rank !
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import torch
 
+from ddtrain.comm.algorithm import Algorithm, trivial_cost
 from ddtrain.comm.ops import combine_, run_all_reduce
 from ddtrain.comm.p2p import Comm, sendrecv
 
@@ -84,3 +86,18 @@ def _tree_(flat: torch.Tensor, op: str, comm: Comm) -> None:
 def all_reduce(tensor: torch.Tensor, op: str = "sum", group=None, *, timeout_s: float | None = None):
     """Binomial-tree reduce to rank 0 then broadcast, in place; returns ``tensor``."""
     return run_all_reduce(tensor, op, group, timeout_s, "tree", _tree_)
+
+
+def tree_time(nbytes: float, ranks: int, alpha: float, beta: float, gamma: float = 0.0) -> float:
+    """Binomial-tree reduce to rank 0, then binomial-tree broadcast of the whole buffer.
+
+    ``2·⌈log2 p⌉(α + nβ) + ⌈log2 p⌉nγ``: the root receives and adds one full buffer per level.
+    """
+    if trivial_cost(nbytes, ranks):
+        return 0.0
+    levels = math.ceil(math.log2(ranks))
+    return 2 * levels * (alpha + nbytes * beta) + levels * nbytes * gamma
+
+
+ALGORITHM = Algorithm(name="tree", all_reduce=all_reduce, time=tree_time,
+                      summary="binomial-tree reduce to rank 0, then binomial-tree broadcast")

@@ -7,7 +7,7 @@ the literature behind one switch, and the measurements to choose between them.
     ...
     ddtrain.shutdown()
 """
-__version__ = "0.1.0"
+from ddtrain.version import __version__
 
 # The public names, imported on first use (PEP 562): ``ddtrain --help`` and the command table
 # answer without importing torch (1.5-5 s on these machines), and a command imports only its own

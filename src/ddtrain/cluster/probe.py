@@ -26,7 +26,7 @@ import torch.distributed as dist
 
 from ddtrain.dist import runtime
 from ddtrain.errors import DDTrainError
-from ddtrain.cluster import NODE_ENV, link_rate_bps
+from ddtrain.cluster.links import NODE_ENV, link_rate_bps
 
 MODES = ("send", "bidi", "incast")
 

@@ -18,7 +18,8 @@ import time
 from dataclasses import dataclass, field
 
 from ddtrain.errors import DDTrainError
-from ddtrain.cluster import LINK_ENV, NODE_ENV, NODE_LINK_ENV, SERVER_LINK_ENV, checks, netns
+from ddtrain.cluster import checks, netns
+from ddtrain.cluster.links import LINK_ENV, NODE_ENV, NODE_LINK_ENV, SERVER_LINK_ENV
 
 MASTER_PORT = 29500  # every node has its own network stack, so a fixed port cannot collide
 # Variables a surrounding launcher may have set; the ranks in the cluster must not see them.

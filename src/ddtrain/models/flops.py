@@ -23,7 +23,7 @@ from torch.func import functional_call
 from torch.utils.flop_counter import FlopCounterMode
 
 from ddtrain.errors import choice_error
-from ddtrain.models import MODELS, build_model, parameter_count
+from ddtrain.models.zoo import MODELS, build_model, parameter_count
 
 # Reference input of each model (the one its source document or publisher counts at):
 # name -> (in_channels, height, width, num_classes, where the input comes from).

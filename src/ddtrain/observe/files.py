@@ -110,7 +110,7 @@ def jsonable(value):
 
 
 def versions(backend: str | None, device: torch.device) -> dict:
-    from ddtrain import __version__
+    from ddtrain.version import __version__
     info = {"ddtrain": __version__, "torch": torch.__version__, "python": platform.python_version(),
             "backend": backend or "none", "device": str(device)}
     if device.type == "cuda":

@@ -1,27 +1,10 @@
 """``ring``, ``ring-async``, ``tree``, ``butterfly``, ``central``: DDP with a ddtrain.comm all-reduce as its hook.
 
 DDP keeps what makes it fast -- gradient buckets, launched as soon as the backward pass has
-filled them -- and the communication hook decides how each bucket is reduced: here with one
-of our own algorithms, ``all_reduce(bucket, algorithm, op="avg")`` (sum, then a division by
-the world size done on data already identical on every rank, so every replica gets the same
-bits).
-
-The hand-written algorithms are synchronous point-to-point code, but DDP wants a
-``torch.futures.Future`` back so that the backward pass can go on while the bucket travels:
-
-* **CPU tensors (Gloo):** the hook hands the bucket to one communication thread per process
-  and returns a future that thread completes. Buckets are reduced in the order DDP marks them
-  ready, which is the same on every rank, and one thread keeps them in that order, so the
-  ranks' point-to-point messages always match. Backward keeps computing the next buckets
-  meanwhile; DDP waits on every future before it writes the averaged gradients.
-* **CUDA tensors (NCCL):** the algorithms only *enqueue* work there (NCCL transfers on their
-  streams, reductions on the current stream; see comm/p2p.py), so the hook runs the
-  algorithm inline and returns a future already completed but bound to the device, which
-  makes DDP's consumers wait on the stream, not the CPU.
-
-Traffic is counted by the algorithms themselves (``ddtrain.comm.traffic``, method
-"counted"); ``comm_wait_s`` is the time spent inside the algorithm, on the communication
-thread for CPU tensors, so part of it overlaps the backward pass.
+filled them -- and the communication hook reduces each bucket with one of our algorithms,
+``all_reduce(bucket, algorithm, op="avg")``, so every replica gets the same bits. Traffic is
+counted by the algorithms themselves (method "counted"); ``comm_wait_s`` is the time inside
+the algorithm, on the communication thread for CPU tensors, so part of it overlaps backward.
 """
 from __future__ import annotations
 
@@ -71,7 +54,17 @@ class HookState:
 
 
 def allreduce_hook(state: HookState, bucket):  # returns torch.futures.Future[torch.Tensor]
-    """DDP communication hook: average ``bucket`` over the group with ``state.algorithm``."""
+    """DDP communication hook: average ``bucket`` over the group with ``state.algorithm``.
+
+    The algorithms are synchronous point-to-point code, but DDP wants a future back so that
+    backward can go on while the bucket travels. CUDA tensors (NCCL): the algorithms only
+    enqueue work (transfers on NCCL's streams, reductions on the current stream; comm/p2p.py),
+    so the hook runs inline and returns a completed future bound to the device, which makes
+    DDP's consumers wait on the stream, not the CPU. CPU tensors (Gloo): one communication
+    thread per process reduces the buckets in the order DDP marks them ready, the same on
+    every rank, so the ranks' messages always match; DDP waits on every future before it
+    writes the averaged gradients.
+    """
     buffer = bucket.buffer()
     if buffer.device.type == "cuda":
         future = torch.futures.Future(devices=[buffer.device])

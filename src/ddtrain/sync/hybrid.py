@@ -1,17 +1,10 @@
 """``hybrid``: document 000's method -- ring all-reduce every step, rank 0's state broadcast every K steps.
 
-"Decentralized training with a centralized parameter update" (000 ch. 5): every step the
-gradients are averaged with the ring all-reduce (DDP + ddtrain's ``ring`` as the
-communication hook, so bucketing and overlap stay), and every ``--sync-every K`` steps -- or
-once per epoch with ``--sync-every epoch``, the document's setting -- rank 0 broadcasts its
-parameters and floating-point buffers and every rank overwrites its own, so replicas cannot
-drift apart. The broadcast is ddtrain's binomial-tree ``bcast`` of one flat buffer per dtype
-(traffic counted under "bcast"; the ring's under "ring").
-
-With a bitwise-deterministic ring (ours: every element is reduced on exactly one rank) the
-replicas are already identical, and the divergence record shows it; the broadcast is the
-insurance the document buys against reductions that are not (and against per-rank state
-outside the gradients). Its cost is 000 Table 5.1's "proposed" column:
+"Decentralized training with a centralized parameter update" (000 ch. 5): gradients are
+averaged every step by DDP with ddtrain's ``ring`` as the hook (traffic under "ring"), and every
+``--sync-every K`` steps -- or once per epoch with ``--sync-every epoch``, the document's
+setting -- rank 0's parameters and floating-point buffers are broadcast with the binomial-tree
+``bcast`` (traffic under "bcast"). Its cost is 000 Table 5.1's "proposed" column,
 ``2·E·(N/R)·(R−1) + N·(R−1)`` values per epoch with one broadcast per epoch.
 """
 from __future__ import annotations
@@ -36,6 +29,9 @@ class HybridStrategy(PeriodicStrategy):
         super().__init__(ddp, optimizer, options, ledger=ledger, module=model)
 
     def sync_(self) -> None:
+        # Our ring is bitwise deterministic (each element reduced on exactly one rank), so the
+        # replicas are already identical and the divergence record shows it; the broadcast is
+        # the document's insurance against reductions that are not, and per-rank state.
         broadcast_(state_tensors(self.module), counted=True)
 
     def replicas_identical(self, step: int) -> bool:

@@ -1,19 +1,11 @@
 """``local-sgd``: every rank steps on its own gradients; parameters are averaged every K steps.
 
-No per-step gradient synchronisation at all: between averagings the replicas drift apart
-(different data, different dropout), and every ``--sync-every K`` steps (or at every epoch
-end with ``--sync-every epoch``) their parameters and floating-point buffers are replaced by
-the mean over all ranks, with ddtrain's ``ring`` all-reduce (traffic counted under "ring").
-The run also ends with an averaging if steps were taken since the last one, so the model
-every rank returns (and rank 0 saves) is the average.
-
-Equivalence: with K=1 and plain SGD, averaging ``p - lr·g_r`` over the ranks is
-``p - lr·mean(g_r)``, the one-process step with the global batch. Heavy-ball momentum keeps
-that (the momentum buffers stay per rank, but they are linear in the gradients, so their
-mean follows the global recursion; weight decay acts on parameters that are equal); Adam's
-per-element normalisation is not linear and does not. With K > 1 the replicas see different
-parameters between averagings and no optimizer is equivalent.
-Rank 0's initial state is broadcast once (not counted), as DDP does.
+No per-step gradient synchronisation: between averagings the replicas drift apart, and every
+``--sync-every K`` steps (or at every epoch end with ``--sync-every epoch``) their parameters and
+floating-point buffers are replaced by the mean over all ranks with ddtrain's ``ring``
+(traffic under "ring"). The run ends with an averaging if steps were taken since the last one,
+so the model every rank returns (and rank 0 saves) is the average. Rank 0's initial state is
+broadcast once (not counted), as DDP does.
 """
 from __future__ import annotations
 
@@ -26,7 +18,13 @@ ALGORITHM = "ring"
 
 
 class LocalSGDStrategy(PeriodicStrategy):
-    """Plain local steps; parameters and buffers averaged when a sync is due, and once more at the end."""
+    """Plain local steps; parameters and buffers averaged when a sync is due, and once more at the end.
+
+    With K=1 and plain SGD, averaging ``p - lr·g_r`` over the ranks is ``p - lr·mean(g_r)``, the
+    one-process step with the global batch. Heavy-ball momentum keeps that (its buffers stay per
+    rank but are linear in the gradients; weight decay acts on equal parameters); Adam's
+    per-element normalisation does not. With K > 1 no optimizer is equivalent.
+    """
 
     SYNCS_NAME = "averagings"
 

@@ -1,40 +1,12 @@
 """The asynchronous parameter server of ``ps-async``: apply each gradient as it arrives, staleness bounded.
 
-A worker computes a gradient on the parameters of version ``p`` (the server's update count
-when it pulled them); when the server applies it at version ``v`` its **staleness** is
-``v - p``, the number of other updates that happened meanwhile (002 §2.5's stale gradients).
-With W workers and no bound it is typically up to W-1. ``--staleness K`` bounds it, and the
-server keeps the bound with two rules (stale-synchronous parallel, in versions):
-
-* **Answer gate.** A worker gets fresh parameters (and may start its next gradient) only
-  while at most K other gradients are outstanding (being computed or received, not applied).
-  The newcomer's gradient is then at most K updates behind if the outstanding ones are
-  applied oldest first.
-* **Apply order.** A received gradient is applied only if every other outstanding gradient,
-  applied oldest first afterwards, would still be within K; otherwise it waits for the older
-  ones. The oldest outstanding gradient is always applicable, so nothing deadlocks.
-
-So a worker too far ahead waits (for its answer), and the realised staleness of every update
-is recorded in the server's stats (``staleness_histogram``, ``staleness_max``): it never
-exceeds K. K >= W-1 never makes anyone wait.
-
-Workers that are about to wait for each other (the loop's epoch-end metrics and validation,
-divergence checks) first send PAUSE, answered at once with the current parameters, which
-takes them out of the outstanding set until their next HELLO. Without it a worker held by
-the gate and the others waiting for it at a collective would wait for each other forever.
-
-"Whichever worker arrives first": on Gloo the server posts one receive *from any source*
-(``dist.irecv`` without ``src``; Gloo's ``recv_anysource``) into a free message buffer and
-waits for it with a deadline; the work names the sender. NCCL has no receive from any
-source, so there one receive stays posted per worker and the server polls
-``is_completed()`` (which Gloo's point-to-point works do not update before ``wait``),
-sleeping a little longer each idle round (50 us up to 2 ms) so as not to steal cores. NCCL
-runs a group's transfers in order on one stream, so on NCCL each worker-server pair has a
-process group of its own (``Plan.route``), and a worker's next receive is posted only after
-its parameters were sent: a receive posted first would hold the send behind it, and a receive
-for one worker would hold the answers to all the others (a hang on 4 H200s, fixed). Either
-way a worker that has parameters but sends nothing within the timeout is reported by name
-(see ``ServerCore.fail`` in ``server``).
+A gradient computed on parameters of version ``p`` and applied at version ``v`` has staleness
+``v - p`` (002 §2.5's stale gradients; up to W-1 with W workers and no bound). ``--staleness K``
+bounds it by two rules (stale-synchronous parallel, in versions; ``feasible``): a worker gets
+fresh parameters only while at most K other gradients are outstanding, and a received gradient
+is applied only if the outstanding ones, applied oldest first afterwards, stay within K (the
+oldest is always applicable, so nothing deadlocks). The realised staleness of every update is
+recorded (``staleness_histogram``, ``staleness_max``) and never exceeds K.
 """
 from __future__ import annotations
 
@@ -51,7 +23,7 @@ from ddtrain.reliability.faults import maybe_inject
 from ddtrain.sync.ps.server import ServerCore
 from ddtrain.sync.ps.protocol import CONTROL_SUFFIX, FINAL, GRAD, HELLO, PARAMS, PAUSE, STOP, STOP_SUFFIX, reattribute
 
-MIN_SLEEP_S, MAX_SLEEP_S = 50e-6, 2e-3
+MIN_SLEEP_S, MAX_SLEEP_S = 50e-6, 2e-3     # NCCL polling: idle sleeps from 50 us, doubling up to 2 ms
 
 
 def feasible(outstanding: dict, worker: int, version: int, bound: int) -> bool:
@@ -63,7 +35,17 @@ def feasible(outstanding: dict, worker: int, version: int, bound: int) -> bool:
 
 
 class Arrivals:
-    """The next message from any worker, into ``core.inbox[worker]`` (see the module docstring)."""
+    """The next message from any worker ("whichever arrives first"), into ``core.inbox[worker]``.
+
+    On Gloo one receive *from any source* (``dist.irecv`` without ``src``; Gloo's
+    ``recv_anysource``) into a free buffer, waited for with a deadline; the work names the
+    sender. NCCL has no receive from any source, so there one receive stays posted per worker
+    and ``is_completed()`` is polled (Gloo's point-to-point works do not update it before
+    ``wait``), sleeping longer each idle round so as not to steal cores. NCCL runs a group's
+    transfers in order on one stream, so on NCCL each worker-server pair has a group of its own
+    (``Plan.route``): a receive for one worker would otherwise hold the answers to all the
+    others (a hang on 4 H200s, fixed).
+    """
 
     def __init__(self, core: ServerCore):
         self.core, self.plan = core, core.plan
@@ -153,7 +135,11 @@ def serve_async(core: ServerCore, bound: int) -> None:
             reattribute(plan.name, STOP_SUFFIX if kind == STOP else CONTROL_SUFFIX, core.inbox[w].buffer.numel(), 1)
         if kind == HELLO:
             answer.append((w, CONTROL_SUFFIX))
-        elif kind == PAUSE:           # not computing any more: answer at once, outside the gate
+        elif kind == PAUSE:
+            # The worker is about to wait for the other workers (epoch-end metrics, validation,
+            # a divergence check): answer at once, outside the gate, and take it out of the
+            # outstanding set until its next HELLO. Gated, it and the others waiting for it at
+            # a collective would wait for each other forever.
             outstanding.pop(w, None)
             with core.ledger.timed():
                 core.send(plan.comm(suffix=CONTROL_SUFFIX), [w], PARAMS, "parameters (pause)")

@@ -17,7 +17,12 @@ from ddtrain.sync.ps.protocol import KIND_NAMES, FailureNote, Plan
 
 
 class ServerCore:
-    """A server's state: its parameters, the optimizer over them, an inbox per worker, one outbox."""
+    """A server's state: its parameters, the optimizer over them, an inbox per worker, one outbox.
+
+    The optimizer is the user's, over every parameter; only this server's shard ever gets a
+    gradient and torch's optimizers skip the others, so momentum and weight decay behave as in
+    one process. A worker's own ``optimizer.step()`` never runs: the servers hold that state.
+    """
 
     def __init__(self, plan: Plan, optimizer, index: int, ledger: Ledger, stats: SyncStats, note: FailureNote):
         self.plan, self.optimizer, self.index, self.ledger, self.stats = plan, optimizer, index, ledger, stats

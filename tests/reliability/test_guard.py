@@ -6,7 +6,7 @@ import torch
 from multirank import run_ranks
 
 from ddtrain.reliability import faults
-from ddtrain.reliability import guard
+from ddtrain.reliability import consistency
 from ddtrain.config import TrainConfig
 from ddtrain.errors import DDTrainError
 
@@ -73,5 +73,5 @@ def test_a_nonfinite_step_is_skipped_on_every_rank_alike():
 def test_fingerprint_differences_name_the_field():
     a = {"batch_size": 32, "parameter_shapes": [["w", [2, 3], "float32"]], "torch": "2.13"}
     b = {"batch_size": 32, "parameter_shapes": [["w", [2, 4], "float32"]], "torch": "2.12"}
-    assert guard.differences(a, b) == ["parameter_shapes ('w' is (2, 4) vs (2, 3))", "torch='2.12' vs '2.13'"]
-    assert guard.differences(a, dict(a)) == []
+    assert consistency.differences(a, b) == ["parameter_shapes ('w' is (2, 4) vs (2, 3))", "torch='2.12' vs '2.13'"]
+    assert consistency.differences(a, dict(a)) == []

@@ -15,7 +15,7 @@ from ddtrain.config import to_argv
 from ddtrain.dist import launch, runtime
 from ddtrain.errors import DDTrainError
 from ddtrain.observe import profiler
-from ddtrain.reliability.guard import PeerStopped
+from ddtrain.reliability.consistency import PeerStopped
 from ddtrain.sync import strategy_spec
 from ddtrain.training.build import load_and_build, validate
 

@@ -2,7 +2,7 @@
 
 ``ddtrain train --profile`` (implied by ``--trace FILE`` and ``--monitor-system``) adds a ``Profiler``
 callback to ``fit``; ``ddtrain bench scaling`` turns it on for every cell. It adds to the
-results record (rank 0 rewrites ``--out`` at the end, atomically):
+results record before ``fit`` writes it:
 
 * ``profile``: per rank, the mean seconds per timed step (steps after ``--warmup-steps``) of
   ``data_s`` (waiting for the batch, plus the loop's per-step bookkeeping), ``compute_s``
@@ -13,6 +13,7 @@ results record (rank 0 rewrites ``--out`` at the end, atomically):
 * ``monitor`` (``--monitor-system``): ``ddtrain.observe.monitor`` samples of every rank on one time axis;
 * ``--trace FILE``: the Chrome trace of ``ddtrain.observe.timeline``, and a straggler line.
 
+The step's spans are the loop's own clock readings, handed to ``on_step_end`` in its logs.
 How the communication wait is found (docs/PERFORMANCE.md, "Step split"): a hook on every
 parameter notes when its gradient is accumulated; what ``forward+backward`` lasts after the
 last of them is waiting for the gradient sync (DDP's all-reduce not hidden behind the
@@ -26,15 +27,12 @@ import statistics
 import threading
 import time
 
-from ddtrain.observe import files
-from ddtrain.dist import runtime
-from ddtrain.observe import tracing
 from ddtrain.comm import traffic
-from ddtrain.training.callbacks import Callback
+from ddtrain.dist import runtime
+from ddtrain.observe import files
 from ddtrain.observe.step_split import split_steps
 from ddtrain.observe.timeline import chrome_trace, estimate_offsets, straggler_summary
 
-STEP_SPANS = ("data", "forward+backward", "optimizer+sync")
 PARTS = ("data_s", "compute_s", "comm_wait_s", "optimizer_s")
 
 
@@ -46,8 +44,12 @@ def callbacks(config) -> list:
                      warmup_steps=config.warmup_steps)]
 
 
-class Profiler(Callback):
-    """The measurement callback (see the module docstring); all ranks, servers included, run it."""
+class Profiler:
+    """The measurement callback (see the module docstring); all ranks, servers included, run it.
+
+    A callback of the training loop's ``fit`` by its hook methods (no base class: observe sits
+    below training).
+    """
 
     def __init__(self, *, trace_path=None, monitor=False, interval_s=0.5, warmup_steps=0):
         self.trace_path, self.monitor_on, self.interval_s = trace_path, monitor, interval_s
@@ -56,25 +58,23 @@ class Profiler(Callback):
         self._spans: list[tuple] = []
         self._buckets: list[dict] = []
         self._grad_done_s = None
-        self._step_ends: list[tuple[int, float, float | None]] = []   # (step, wall end, grad done)
+        # (step, begin, data end, compute end, end: the loop's readings; wall end, grad done: ours)
+        self._step_times: list[tuple] = []
         self._cpu_ends: list[float] = []    # this process's CPU seconds (all threads) at each step end
         self._step = 0
 
     # -- recording (cheap: a clock read and an append) --------------------------------
     def on_train_begin(self, state):
-        self.synced = state["synced"]
-        self.batch_size = state["config"].batch_size
-        self.gradient_bytes = sum(p.numel() * p.element_size() for p in state["model"].parameters() if p.requires_grad)
+        self.synced = state.strategy
+        self.batch_size = state.config.batch_size
+        self.gradient_bytes = sum(p.numel() * p.element_size() for p in state.model.parameters() if p.requires_grad)
         self.clock = estimate_offsets()
         self.origin_s = time.perf_counter()
         self.wall_minus_perf = _wall_minus_perf()
-        self._started_tracing = not tracing.enabled()
-        if self._started_tracing:
-            tracing.start()
         self._threads = {threading.get_ident()}
         traffic.add_hook(self._on_span)
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
-                       for p in state["model"].parameters() if p.requires_grad]
+                       for p in state.model.parameters() if p.requires_grad]
         self.ddp_note = self._time_ddp_buckets() if self.trace_path else None
         if self.monitor_on:
             from ddtrain.observe.monitor import Monitor
@@ -85,7 +85,8 @@ class Profiler(Callback):
         self._grad_done_s, self._step = None, step
 
     def on_step_end(self, step, logs, state):
-        self._step_ends.append((self._step, time.perf_counter(), self._grad_done_s))
+        self._step_times.append((self._step, logs["begin_s"], logs["data_end_s"], logs["compute_end_s"], logs["end_s"],
+                                 time.perf_counter(), self._grad_done_s))
         self._cpu_ends.append(time.process_time())
 
     def _on_grad(self, _param):
@@ -120,20 +121,12 @@ class Profiler(Callback):
 
     # -- summarising (once, at the end) -------------------------------------------------
     def _steps(self) -> list[dict]:
-        by_step: dict[int, dict] = {}
-        for e in tracing.events():
-            if e["name"] in STEP_SPANS and "step" in e["args"]:
-                s = by_step.setdefault(e["args"]["step"], {"step": e["args"]["step"]})
-                if e["name"] == "data":
-                    s["begin_s"], s["data_end_s"] = e["start_s"], e["end_s"]
-                elif e["name"] == "forward+backward":
-                    s["compute_end_s"] = e["end_s"]
-                else:
-                    s["end_s"] = e["end_s"]
-        ends = {step: (wall, grad) for step, wall, grad in self._step_ends}
-        steps = [s for _, s in sorted(by_step.items()) if len(s) == 5]
-        for i, s in enumerate(steps):
-            wall, s["grad_done_s"] = ends.get(s["step"], (None, None))
+        steps, walls = [], []
+        for step, begin, data_end, compute_end, end, wall, grad in sorted(self._step_times, key=lambda t: t[0]):
+            steps.append({"step": step, "begin_s": begin, "data_end_s": data_end, "compute_end_s": compute_end,
+                          "end_s": end, "grad_done_s": grad})
+            walls.append(wall)
+        for i, (s, wall) in enumerate(zip(steps, walls)):
             if i + 1 == len(steps):
                 s["wall_end_s"] = s["end_s"]     # the run's last step: what follows is the end of the run
                 continue
@@ -177,13 +170,11 @@ class Profiler(Callback):
         traffic.remove_hook(self._on_span)
         monitored = self.monitor.stop() if self.monitor else None
         mine = self.summary()
-        if self._started_tracing:
-            tracing.stop()
         if monitored is not None:
             mine["monitor"] = monitored
         everyone = _gather(mine)
         if runtime.rank() == 0:
-            self._finish(record, everyone, state["config"])
+            self._finish(record, everyone, state.config)
 
     def _finish(self, record: dict, everyone: list[dict], config) -> None:
         offsets = self.clock["offsets_s"]
@@ -219,8 +210,6 @@ class Profiler(Callback):
             runtime.print0(f"# profile: {straggler.get('text')}")
             if self.trace_path:
                 runtime.print0(f"# trace: {self.trace_path} (open in ui.perfetto.dev or chrome://tracing)")
-        if config.out:
-            files.write_json(config.out, record)
 
 
 def _wall_minus_perf() -> float:

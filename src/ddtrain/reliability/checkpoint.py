@@ -16,6 +16,13 @@ says, or whose bytes do not hash to it, is reported as damaged and skipped; the 
 read with ``torch.load(weights_only=True)``, so a checkpoint holds tensors and plain
 containers only and can never execute code. Files are written to a temporary name, flushed
 to disk, then renamed: a crash mid-write leaves the previous checkpoints as they were.
+
+``Checkpointer`` is the training loop's side: it resumes (``--resume``, or a restart by torchrun),
+says when a checkpoint is due and saves one. Resuming is step-for-step exact: the checkpoint
+holds the state after step S together with the RNG states at the start of S's epoch and after
+S. On resume the loop re-enters that epoch, sets the epoch-start RNG state, draws and discards
+the batches already trained (so a DataLoader's worker seeds come out as before), sets the
+after-S state, and goes on.
 """
 from __future__ import annotations
 
@@ -25,13 +32,17 @@ import json
 import os
 import random
 import re
+import time
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
-from ddtrain.observe import files
+from ddtrain.dist import runtime
 from ddtrain.errors import DDTrainError
+from ddtrain.observe import files
+from ddtrain.reliability import stall
+from ddtrain.reliability.consistency import check_resumable
 
 MAGIC = b"DDTRAIN-CHECKPOINT 1\n"
 FORMAT = 1
@@ -150,7 +161,6 @@ def rotate(directory, keep: int) -> list[Path]:
 
 def check_dir(config, fingerprint: dict) -> None:
     """Before any worker starts: --checkpoint-dir usable, and --resume has something that fits to resume."""
-    from ddtrain.reliability import guard
     directory = config.reliability.checkpoint_dir
     if not directory:
         return
@@ -172,7 +182,7 @@ def check_dir(config, fingerprint: dict) -> None:
         except Damaged as exc:
             damaged.append(f"{path.name} ({exc})")
             continue
-        guard.check_resumable(header, fingerprint, path)
+        check_resumable(header, fingerprint, path)
         return
     raise DDTrainError(f"--resume: every checkpoint in {directory} is damaged: {'; '.join(damaged)}")
 
@@ -254,7 +264,7 @@ def restore(directory, *, required: bool, warn, check=None):
         try:
             found = newest(directory, warn=warn, quarantine=True) if Path(directory).is_dir() else None
             if found is None and required:
-                raise DDTrainError(f"--resume: no whole checkpoint in {directory}")
+                raise DDTrainError(f"resume (--resume): no whole checkpoint in {directory}")
             if found is not None:
                 path, header, payload = found
                 if check:
@@ -279,3 +289,104 @@ def restore(directory, *, required: bool, warn, check=None):
     else:
         shared, part = parts[0]
     return {**verdict["header"], "path": verdict["path"]}, shared, part
+
+
+# ---- the training loop's checkpoints --------------------------------------------------------
+
+def restart_attempt() -> int:
+    """How often torchrun restarted this job's workers (0 in the first attempt)."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+
+
+class Checkpointer:
+    """Resume, ``due(step, end_of_epoch)`` and ``save(step, steps_done)`` for one run (see the module docstring).
+
+    The loop calls ``enter_epoch`` at the start of each epoch; it says how many of the epoch's
+    steps a resumed checkpoint already trained and how long they took.
+    """
+
+    def __init__(self, options, *, strategy, strategy_name: str, optimizer, scaler, fingerprint: dict, record: dict,
+                 info: dict, max_steps: int, epochs: int):
+        self.directory, self.every, self.keep, self.resume_asked = (options.checkpoint_dir, options.checkpoint_every,
+                                                                    options.keep, options.resume)
+        self.strategy, self.module, self.optimizer, self.scaler = strategy, strategy.module, optimizer, scaler
+        self.strategy_name = strategy_name
+        self.fingerprint, self.record, self.info = fingerprint, record, info
+        self.max_steps, self.epochs = max_steps, epochs
+        self.step, self.epoch = 0, 1            # where the loop starts
+        self._skip, self._part = 0, None        # steps of self.epoch already trained, and this rank's part
+        self._meter, self._epoch_now, self._rng_epoch, self._epoch_t0 = None, 1, None, time.perf_counter()
+
+    def resume(self) -> None:
+        """Load the newest whole checkpoint when ``resume`` is set or torchrun restarted us."""
+        attempt = self.info["attempt"]
+        if not (self.resume_asked or attempt > 0):
+            return
+        got = restore(self.directory, required=self.resume_asked,
+                      warn=lambda message: runtime.eprint(f"ddtrain: warning: {message}"),
+                      check=lambda h: check_resumable(h, self.fingerprint, self.directory))
+        if got is None:
+            runtime.print0(f"restart {attempt}: no checkpoint in {self.directory} yet, starting from step 0")
+            return
+        header, shared, part = got
+        state = shared if shared is not None else part
+        self.module.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        set_rng_state(part["rng"])
+        self.step, self.epoch, self._skip = header["step"], header["epoch"], header["step_in_epoch"]
+        self._part = part
+        self.record["epochs"] = list(header.get("epochs_done", []))
+        self.info["resumed_from"] = {"path": header["path"], "step": self.step, "epoch": self.epoch,
+                                     "step_in_epoch": self._skip}
+        why = f"restart {attempt}" if attempt else "--resume"
+        runtime.print0(f"{why}: resumed from {header['path']} at step {self.step} "
+                       f"(epoch {self.epoch}, {self._skip} of its steps done)")
+
+    def enter_epoch(self, epoch: int, meter) -> tuple[int, float]:
+        """(steps of ``epoch`` already trained, the seconds they took): non-zero only in a resumed epoch."""
+        done, took = 0, 0.0
+        if epoch == self.epoch and self._skip and self._part is not None:
+            done, took = self._skip, float(self._part.get("epoch_time_s", 0.0))
+            meter.sums.copy_(self._part["meter"].to(meter.sums.device))
+        self._epoch_t0 = time.perf_counter() - took
+        self._meter, self._epoch_now = meter, epoch
+        self._rng_epoch = rng_state()
+        return done, took
+
+    def batches(self, loader, skip: int):
+        """The loader's batches of this epoch, without the ``skip`` ones the resumed checkpoint already trained."""
+        it = iter(loader)
+        part, self._part, self._skip = self._part, None, 0
+        set_rng_state(part["rng_epoch"])
+        self._rng_epoch = part["rng_epoch"]
+        for _ in range(skip):
+            next(it, None)
+        set_rng_state(part["rng"])
+        return it
+
+    def due(self, step: int, end_of_epoch: bool) -> bool:
+        """The same steps on every rank: every ``checkpoint_every`` steps (else each epoch's end) and the last."""
+        if self.every and step % self.every == 0 or not self.every and end_of_epoch:
+            return True
+        return bool(self.max_steps and step >= self.max_steps) or (end_of_epoch and self._epoch_now >= self.epochs)
+
+    def save(self, step: int, steps_done: int) -> None:
+        """Collective: the state after ``step`` (``steps_done`` of them in this epoch), written by rank 0."""
+        stall.mark(step, "checkpoint (gather to rank 0)")
+        replicated = self.strategy.spec.replicated
+        state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                 "scaler": self.scaler.state_dict() if self.scaler is not None else None}
+        part = {"rng": rng_state(), "rng_epoch": self._rng_epoch, "meter": self._meter.sums,
+                "epoch_time_s": time.perf_counter() - self._epoch_t0}
+        if not replicated:
+            part.update(state)
+        header = {"step": step, "epoch": self._epoch_now, "step_in_epoch": steps_done,
+                  "strategy": self.strategy_name,
+                  "fingerprint": self.fingerprint, "epochs_done": self.record["epochs"]}
+        path = save(self.directory, step, header, part, state if replicated and runtime.rank() == 0 else None,
+                    keep=self.keep)
+        self.info["checkpoints_written"] += 1
+        if path is not None:
+            self.info["last_checkpoint"] = str(path)

@@ -11,7 +11,8 @@ over the whole run). Kinds:
 * ``corrupt``: adds noise to that rank's first parameter (a silent divergence of replicas).
 
 A fault fires only in the first attempt of a job (``TORCHELASTIC_RESTART_COUNT`` 0), so
-restarted workers run clean.
+restarted workers run clean. ``fit`` installs a ``FaultInjector`` callback only when a fault is
+set (``injectors()``); the parameter servers call ``maybe_inject`` themselves.
 """
 from __future__ import annotations
 
@@ -42,6 +43,21 @@ def _parse(text: str) -> dict:
 
 
 _fault = _parse(os.environ["DDTRAIN_FAULT"]) if os.environ.get("DDTRAIN_FAULT") else None
+
+
+class FaultInjector:
+    """A training-loop callback firing the fault at the start of its step (after the step's stall mark)."""
+
+    def __init__(self, rank: int):
+        self.rank = rank
+
+    def on_step_begin(self, step, state):
+        maybe_inject(step, self.rank, state.model)
+
+
+def injectors(rank: int) -> list:
+    """The callbacks ``fit`` adds: a ``FaultInjector`` when DDTRAIN_FAULT names this rank, else none."""
+    return [FaultInjector(rank)] if _fault is not None and _fault["rank"] == rank else []
 
 
 def maybe_inject(step: int, rank: int, module=None) -> None:

@@ -45,8 +45,8 @@ def validate(config: TrainConfig, workers: int) -> None:
         raise DDTrainError(f"--batch-size {config.batch_size} is larger than a rank's shard: {len(data.train)} "
                            f"training samples over {workers} worker(s) is {per_rank} each")
     from ddtrain.reliability import checkpoint
-    from ddtrain.reliability import guard
+    from ddtrain.reliability import consistency
     from ddtrain.observe import files
     for flag, path in (("--out", config.out), ("--save", config.save)):
         files.check_writable(path, flag)
-    checkpoint.check_dir(config, guard.fingerprint(config, model, data, workers))
+    checkpoint.check_dir(config, consistency.fingerprint(config, model, data, workers))

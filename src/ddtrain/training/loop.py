@@ -1,6 +1,10 @@
 """The training loop: sharded data, one strategy, metrics averaged over ranks, a results record.
 
-``fit`` is what ``ddtrain train`` runs; callers with their own loop use ``ddtrain.prepare``.
+``fit`` is what ``ddtrain train`` runs; callers with their own loop use ``ddtrain.prepare``. The
+loop's state is a ``TrainState``; the reliability components own their schedule (a
+``Checkpointer`` when there is a checkpoint directory, a ``NonfiniteGuard``, a ``ReplicaCheck``
+on the workers of a distributed run) and fault injection is a callback installed only when
+DDTRAIN_FAULT asks for one.
 """
 from __future__ import annotations
 
@@ -11,19 +15,20 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from ddtrain.reliability import guard
-from ddtrain.observe import files
-from ddtrain.dist import runtime
-from ddtrain.reliability import stall
-from ddtrain.observe import tracing
 from ddtrain.config import TrainConfig
 from ddtrain.data import Data
 from ddtrain.data.loading import ShardLoader
 from ddtrain.data.sharding import ShardSampler
-from ddtrain.training.evaluate import Meter, autocast, evaluate, loss_function
-from ddtrain.reliability.keeper import Keeper
-from ddtrain.training.progress import ProgressBar, epoch_line
+from ddtrain.dist import runtime
+from ddtrain.observe import files
+from ddtrain.reliability import consistency, faults, stall
+from ddtrain.reliability.checkpoint import Checkpointer, restart_attempt
+from ddtrain.reliability.nonfinite import NonfiniteGuard
+from ddtrain.reliability.replicas import ReplicaCheck
 from ddtrain.sync import wrap
+from ddtrain.training.callbacks import TrainState, bound
+from ddtrain.training.evaluate import Meter, autocast, evaluate, loss_function
+from ddtrain.training.progress import ProgressBar, epoch_line
 
 
 def build_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
@@ -34,23 +39,24 @@ def build_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
 
 def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, loss_fn=None,
         callbacks=()) -> dict:
-    """Train ``model`` on ``data`` with ``config.strategy``; returns (and writes) the results record."""
+    """Train ``model`` on ``data`` with ``config.strategy``; returns (and writes) the results record.
+
+    ``callbacks``: objects with any of the hook methods of ``ddtrain.Callback``.
+    """
     runtime.init()
     device = runtime.device()
     model = model.to(device)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     optimizer = optimizer or build_optimizer(config, model.parameters())
-    guard.check_startup(config, model, data)  # ranks that disagree refuse to start, naming rank and field
-    synced = wrap(config.strategy, model, optimizer, config.sync)
+    # once per process: the start-up comparison and every checkpoint header read this one
+    fingerprint = consistency.fingerprint(config, model, data, runtime.world_size())
+    consistency.check_startup(fingerprint)  # ranks that disagree refuse to start, naming rank and field
+    strategy = wrap(config.strategy, model, optimizer, config.sync)
     distributed = runtime.is_distributed()
     torch.manual_seed(config.seed * 1000 + runtime.rank())  # per-rank dropout and augmentation
-    step_model = torch.compile(synced.model) if config.compile else synced.model
-    loss_fn = loss_fn or loss_function(data.task)
-    classify = data.task == "classification"
     scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
-    state = {"config": config, "model": synced.module, "optimizer": optimizer, "synced": synced}
-    sampler = ShardSampler(len(data.train), rank=synced.worker_rank, world_size=synced.workers,
+    sampler = ShardSampler(len(data.train), rank=strategy.worker_rank, world_size=strategy.workers,
                            seed=config.seed, policy=config.sharding)
     on_device = config.data_on_device == "yes" or (config.data_on_device == "auto" and device.type == "cuda")
     loader = ShardLoader(data.train, sampler, config.batch_size, device, workers=config.loader_workers,
@@ -58,117 +64,149 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     epochs = config.epochs or math.ceil(config.steps / loader.steps)
     if config.steps:
         epochs = min(epochs, math.ceil(config.steps / loader.steps)) if config.epochs else epochs
-    record = {"config": config.as_dict(), "world_size": runtime.world_size(), "workers": synced.workers,
-              "strategy": config.strategy, "role": synced.role, "sharding": sampler.describe(),
-              "global_batch_size": config.batch_size * synced.workers, "epochs": [],
+    record = {"config": config.as_dict(), "world_size": runtime.world_size(), "workers": strategy.workers,
+              "strategy": config.strategy, "role": strategy.role, "sharding": sampler.describe(),
+              "global_batch_size": config.batch_size * strategy.workers, "epochs": [],
               "versions": files.versions(runtime.backend(), device)}
-    state["keeper"] = keeper = Keeper(config, synced, optimizer, scaler, record, data, epochs=epochs)
-    keeper.resume()  # --resume, or a restart by torchrun: continue from the newest whole checkpoint
-    for cb in callbacks:
-        cb.on_train_begin(state)
+    info = record["reliability"] = {"attempt": restart_attempt(), "resumed_from": None, "checkpoints_written": 0,
+                                    "nonfinite_skipped": [], "replica_checks": 0, "rebroadcasts": []}
+    callbacks = [*callbacks, *faults.injectors(runtime.rank())]
+    state = TrainState(config=config, strategy=strategy, model=strategy.module, optimizer=optimizer, scaler=scaler,
+                       device=device, data=data, record=record, fingerprint=fingerprint, callbacks=callbacks,
+                       epochs=epochs)
+    options = config.reliability
+    state.nonfinite = NonfiniteGuard(options.on_nonfinite, module=strategy.module, scaler=scaler, device=device,
+                                     group=strategy.group, info=info)
+    if distributed and strategy.role == "worker":
+        state.replicas = ReplicaCheck(strategy, check_every=config.sync.check_every,
+                                      on_mismatch=options.on_mismatch, info=info)
+    if options.checkpoint_dir:
+        state.checkpointer = Checkpointer(options, strategy=strategy, strategy_name=config.strategy,
+                                          optimizer=optimizer, scaler=scaler, fingerprint=fingerprint, record=record,
+                                          info=info, max_steps=config.steps, epochs=epochs)
+        state.checkpointer.resume()  # resume=True, or a restart by torchrun: the newest whole checkpoint
+        state.step, state.epoch = state.checkpointer.step, state.checkpointer.epoch
+    for hook in bound(callbacks, "on_train_begin"):
+        hook(state)
     # a wait that times out names the step, the operation and the ranks that are elsewhere
     what = f"strategy {config.strategy}, backend {runtime.backend()}"
     with stall.watched(what=what, timeout_s=runtime.timeout_s()):
-        if synced.role == "server":
+        if strategy.role == "server":
             stall.mark(None, "serving as a parameter server")
-            synced.serve()
+            strategy.serve()
         else:
-            _train_epochs(step_model, synced, loader, data, config, epochs, loss_fn, classify, scaler,
-                          device, distributed, callbacks, state, record)
-    synced.finish()
-    synced.update_stats()
-    record["comm"] = _gather_stats(synced, distributed)
+            step_model = torch.compile(strategy.model) if config.compile else strategy.model
+            _train_epochs(state, step_model, loader, loss_fn or loss_function(data.task), distributed)
+    strategy.finish()
+    strategy.update_stats()
+    record["comm"] = _gather_stats(strategy, distributed)
     record["final"] = {k: v for k, v in (record["epochs"][-1] if record["epochs"] else {}).items()
                        if k.startswith("val_")}
+    for hook in bound(callbacks, "on_train_end"):
+        hook(record, state)  # callbacks add to the record (the profile) before its one write
     if runtime.rank() == 0:
         if config.out:
             files.write_json(config.out, record)
         if config.save:
-            files.save_model(synced.module, config.save)
-    for cb in callbacks:
-        cb.on_train_end(record, state)
+            files.save_model(strategy.module, config.save)
     return record
 
 
-def _train_epochs(step_model, synced, loader, data, config, epochs, loss_fn, classify, scaler, device,
-                  distributed, callbacks, state, record):
-    keeper = state["keeper"]
-    step, rank0 = keeper.step, runtime.rank() == 0 and not config.quiet
+def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: bool) -> None:
+    config, strategy, device, data = state.config, state.strategy, state.device, state.data
+    optimizer, scaler, amp = strategy.optimizer, state.scaler, config.amp
+    checkpointer, nonfinite, replicas = state.checkpointer, state.nonfinite, state.replicas
+    epoch_begin, step_begin, step_end, epoch_end = (bound(state.callbacks, name) for name in (
+        "on_epoch_begin", "on_step_begin", "on_step_end", "on_epoch_end"))
+    classify, max_steps, log_every = data.task == "classification", config.steps, config.log_every
+    forward_backward = "forward+backward" + (" (the gradient all-reduce runs inside backward)"
+                                             if strategy.spec.sync_in_backward else "")
+    step, rank0 = state.step, runtime.rank() == 0 and not config.quiet
     step_model.train()
-    for epoch in range(keeper.epoch, epochs + 1):
+    for epoch in range(state.epoch, state.epochs + 1):
+        state.epoch = epoch
         loader.set_epoch(epoch)
-        for cb in callbacks:
-            cb.on_epoch_begin(epoch, state)
-        meter, split = Meter(device, classify), {"data_s": 0.0, "compute_s": 0.0, "optimizer_s": 0.0}
-        bar = ProgressBar(loader.steps, f"Epoch {epoch}/{epochs}", enabled=rank0)
+        for hook in epoch_begin:
+            hook(epoch, state)
+        meter = Meter(device, classify)
+        data_s = compute_s = optimizer_s = 0.0
+        bar = ProgressBar(loader.steps, f"Epoch {epoch}/{state.epochs}", enabled=rank0)
         start = last = time.perf_counter()
-        start -= keeper.time_done(epoch)  # a resumed epoch counts the time its first part took
-        steps_done = keeper.begin_epoch(epoch, meter)  # > 0 only in the epoch a checkpoint stopped in
-        for x, y in keeper.batches(loader):
-            if config.steps and step >= config.steps:
+        steps_done, took = checkpointer.enter_epoch(epoch, meter) if checkpointer is not None else (0, 0.0)
+        start -= took  # a resumed epoch counts the time its first part took
+        state.steps_done, per_epoch = steps_done, loader.steps
+        # steps_done > 0 only in the epoch a checkpoint stopped in: its trained batches are drawn and dropped
+        for x, y in checkpointer.batches(loader, steps_done) if steps_done else loader:
+            if max_steps and step >= max_steps:
                 break
-            for cb in callbacks:
-                cb.on_step_begin(step, state)
-            keeper.begin_step(step)
+            stall.mark(step, forward_backward)
+            for hook in step_begin:
+                hook(step, state)
             t_data = time.perf_counter()
-            with autocast(device, config.amp):
+            with autocast(device, amp):
                 out = step_model(x)
                 loss = loss_fn(out.float(), y)
-            keeper.check_loss(loss, step)
+            nonfinite.check_loss(loss, step)
             (scaler.scale(loss) if scaler else loss).backward()
             t_compute = time.perf_counter()
-            if not keeper.step_ok(step):  # non-finite and --on-nonfinite skip: every rank skips it
+            if not nonfinite.step_ok(step):  # non-finite and on_nonfinite="skip": every rank skips it
                 pass
             elif scaler:
-                scaler.step(synced.optimizer)
+                scaler.step(optimizer)
                 scaler.update()
             else:
-                synced.optimizer.step()
-            synced.optimizer.zero_grad(set_to_none=True)
-            synced.after_step(step)
+                optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            strategy.after_step(step)
             t_end = time.perf_counter()
-            split["data_s"] += t_data - last
-            split["compute_s"] += t_compute - t_data
-            split["optimizer_s"] += t_end - t_compute
-            if tracing.enabled():
-                tracing.add("data", last, t_data, step=step)
-                tracing.add("forward+backward", t_data, t_compute, step=step)
-                tracing.add("optimizer+sync", t_compute, t_end, step=step)
-            last = t_end
+            data_s += t_data - last
+            compute_s += t_compute - t_data
+            optimizer_s += t_end - t_compute
+            begin, last = last, t_end
             meter.add(loss, out, y, classify)
             step += 1
             steps_done += 1
-            keeper.after_step(step, steps_done)  # checkpoint and replica check when due
+            state.step, state.steps_done = step, steps_done
+            end_of_epoch = steps_done == per_epoch
+            if checkpointer is not None and checkpointer.due(step, end_of_epoch):
+                checkpointer.save(step, steps_done)
+            if replicas is not None and replicas.due(step, end_of_epoch):
+                replicas.check(step)
             bar.update(steps_done, f"loss {loss.item():.4f}" if bar.enabled else "")
-            if rank0 and config.log_every and step % config.log_every == 0:
+            if rank0 and log_every and step % log_every == 0:
                 runtime.print0(f"  step {step} - loss: {loss.item():.4f}")
-            for cb in callbacks:
-                cb.on_step_end(step, {"loss": loss}, state)
-        synced.end_epoch(epoch)
+            if step_end:  # the step's clock readings, measured once above
+                logs = {"loss": loss, "begin_s": begin, "data_end_s": t_data, "compute_end_s": t_compute,
+                        "end_s": t_end}
+                for hook in step_end:
+                    hook(step, logs, state)
+        stall.mark(step, f"end of epoch {epoch} (metrics and validation)")
+        strategy.end_epoch(epoch)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         elapsed = time.perf_counter() - start
         bar.close()
-        train_loss, train_acc, n = meter.reduce(synced.group, distributed)
+        train_loss, train_acc, n = meter.reduce(strategy.group, distributed)
         logs = {"epoch": epoch, "steps": steps_done, "time_s": elapsed, "train_loss": train_loss,
                 "train_accuracy": train_acc, "samples_per_s": n / elapsed if elapsed > 0 else float("nan"),
-                "step_split_s": {k: round(v, 6) for k, v in split.items()}}
+                "step_split_s": {"data_s": round(data_s, 6), "compute_s": round(compute_s, 6),
+                                 "optimizer_s": round(optimizer_s, 6)}}
         if data.val is not None:
             logs["val_loss"], logs["val_accuracy"] = evaluate(
-                synced.module, data.val, worker_rank=synced.worker_rank, workers=synced.workers,
-                batch_size=config.batch_size, device=device, task=data.task, group=synced.group,
-                distributed=distributed, amp=config.amp, channels_last=config.channels_last)
-        record["epochs"].append(logs)
+                strategy.module, data.val, worker_rank=strategy.worker_rank, workers=strategy.workers,
+                batch_size=config.batch_size, device=device, task=data.task, group=strategy.group,
+                distributed=distributed, amp=amp, channels_last=config.channels_last)
+        state.record["epochs"].append(logs)
         if rank0:
-            runtime.print0(epoch_line(epoch, epochs, logs))
-        for cb in callbacks:
-            cb.on_epoch_end(epoch, logs, state)
-        if config.steps and step >= config.steps:
+            runtime.print0(epoch_line(epoch, state.epochs, logs))
+        for hook in epoch_end:
+            hook(epoch, logs, state)
+        if max_steps and step >= max_steps:
             break
 
 
-def _gather_stats(synced, distributed) -> list[dict]:
-    mine = {"rank": runtime.rank(), "role": synced.role, **synced.stats.as_dict()}
+def _gather_stats(strategy, distributed) -> list[dict]:
+    mine = {"rank": runtime.rank(), "role": strategy.role, **strategy.stats.as_dict()}
     if not distributed:
         return [mine]
     everyone = [None] * dist.get_world_size()

@@ -1,0 +1,88 @@
+"""Non-finite losses and gradients: stop naming step and rank, or skip the step on every rank alike.
+
+``NonfiniteGuard.check_loss`` runs before backward (in stop mode a non-finite loss ends the run
+on the rank that saw it); ``step_ok`` after backward says whether to apply the step. With
+``on_nonfinite="skip"`` the ranks agree through one all-reduce of a flag per rank and all skip
+the step together (a rank skipping alone would leave the replicas apart).
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ddtrain.dist import runtime
+from ddtrain.errors import DDTrainError
+from ddtrain.reliability import stall
+
+
+def grads_finite(module) -> bool:
+    grads = [p.grad for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return True
+    norms = torch._foreach_norm(grads)
+    return bool(torch.isfinite(torch.stack(norms)).all().item())
+
+
+def agree_on_bad(loss_bad: bool, grads_bad: bool, device, group=None) -> tuple[list[int], str]:
+    """Collective: (global ranks to blame, "loss" or "gradients"), the same on every rank; ([], "") if none.
+
+    Gradients that went through an all-reduce are non-finite everywhere once they are on one
+    rank, so the ranks whose loss was non-finite are named first.
+    """
+    if not (dist.is_initialized() and dist.get_world_size(group) > 1):
+        me = dist.get_rank() if dist.is_initialized() else 0
+        return ([me], "loss") if loss_bad else ([me], "gradients") if grads_bad else ([], "")
+    flags = torch.zeros(2, dist.get_world_size(group), dtype=torch.int32, device=device)
+    flags[0, dist.get_rank(group)], flags[1, dist.get_rank(group)] = int(loss_bad), int(grads_bad)
+    dist.all_reduce(flags, group=group)
+    for row, cause in ((0, "loss"), (1, "gradients")):
+        ranks = [r for r, f in enumerate(flags[row].tolist()) if f]
+        if ranks:
+            return [dist.get_global_rank(group, r) if group is not None else r for r in ranks], cause
+    return [], ""
+
+
+class NonfiniteGuard:
+    """The loop's non-finite checks: ``check_loss(loss, step)`` before backward, ``step_ok(step)`` after."""
+
+    def __init__(self, on_nonfinite: str, *, module, scaler, device, group, info: dict):
+        self.skip = on_nonfinite == "skip"
+        self.module, self.scaler, self.device, self.group, self.info = module, scaler, device, group, info
+        self.every_step = self.skip or device.type != "cuda"
+        self._loss_bad = False
+
+    def _checking(self, step: int) -> bool:
+        # On a GPU each check is a host sync: every step only when skipping needs it.
+        return self.every_step or step % 50 == 0
+
+    def check_loss(self, loss, step: int) -> None:
+        """Before backward: in stop mode a non-finite loss ends the run naming this rank."""
+        self._loss_bad = self._checking(step) and not bool(torch.isfinite(loss.detach()).all().item())
+        if self._loss_bad and not self.skip:
+            raise DDTrainError(f"non-finite loss ({loss.item()}) on rank {runtime.rank()} at step {step}; lower the "
+                               "learning rate (lr, --lr), check the data, or pass on_nonfinite='skip' "
+                               "(--on-nonfinite skip)")
+
+    def step_ok(self, step: int) -> bool:
+        """After backward: False when this step must be skipped (on every rank alike)."""
+        stall.mark(step, "optimizer step")
+        if not self._checking(step):
+            return True
+        grads_bad = self.scaler is None and not grads_finite(self.module)
+        if not self.skip:
+            if grads_bad:
+                raise DDTrainError(f"non-finite gradients on rank {runtime.rank()} at step {step} (the loss was "
+                                   "finite here; after an all-reduce every rank sees them); lower the learning "
+                                   "rate (lr, --lr) or pass on_nonfinite='skip' (--on-nonfinite skip)")
+            return True
+        stall.mark(step, "non-finite agreement (all-reduce of one flag per rank)")
+        ranks, cause = agree_on_bad(self._loss_bad, grads_bad, self.device, self.group)
+        stall.mark(step, "optimizer step")
+        if not ranks:
+            return True
+        skipped = self.info["nonfinite_skipped"]
+        skipped.append({"step": step, "ranks": ranks, "cause": cause})
+        if runtime.rank() == 0:
+            runtime.eprint(f"ddtrain: warning: non-finite {cause} at step {step} on rank "
+                           f"{', '.join(map(str, ranks))}; step skipped on every rank ({len(skipped)} so far)")
+        return False

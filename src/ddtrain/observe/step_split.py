@@ -1,6 +1,6 @@
 """Splitting each training step's wall time into data, compute, communication wait, optimizer and other.
 
-``Profiler`` (``ddtrain.observe.profiler``) feeds ``split_steps`` the step spans it recorded and the
+``Profiler`` (``ddtrain.observe.profiler``) feeds ``split_steps`` the loop's clock readings of each step and the
 blocking communication intervals of the training thread; docs/PERFORMANCE.md, "The step split",
 defines the parts.
 """

@@ -7,22 +7,8 @@ only has to exist on rank 0's host, and a checkpoint is complete or absent, neve
 the ranks. A rank's part is its RNG states (torch CPU and CUDA, Python ``random``, numpy)
 and its running epoch metrics; the model, optimizer and gradient-scaler states are stored
 once when the strategy keeps replicas identical (ddp and the all-reduce strategies), else
-once per rank.
-
-File format: the line ``DDTRAIN-CHECKPOINT 1``, one line of JSON (step, epoch, step in the
-epoch, world size, the run's fingerprint, and the payload's byte length and SHA-256), then
-the payload as ``torch.save`` wrote it. A file that is shorter or longer than its header
-says, or whose bytes do not hash to it, is reported as damaged and skipped; the payload is
-read with ``torch.load(weights_only=True)``, so a checkpoint holds tensors and plain
-containers only and can never execute code. Files are written to a temporary name, flushed
-to disk, then renamed: a crash mid-write leaves the previous checkpoints as they were.
-
-``Checkpointer`` is the training loop's side: it resumes (``--resume``, or a restart by torchrun),
-says when a checkpoint is due and saves one. Resuming is step-for-step exact: the checkpoint
-holds the state after step S together with the RNG states at the start of S's epoch and after
-S. On resume the loop re-enters that epoch, sets the epoch-start RNG state, draws and discards
-the batches already trained (so a DataLoader's worker seeds come out as before), sets the
-after-S state, and goes on.
+once per rank; files are written atomically and verified when read (``write``).
+``Checkpointer`` is the training loop's side (resume, when one is due, save).
 """
 from __future__ import annotations
 
@@ -69,7 +55,16 @@ def listing(directory) -> list[tuple[int, Path]]:
 # ---- one file -------------------------------------------------------------------------------
 
 def write(path, header: dict, payload: dict) -> Path:
-    """Write ``payload`` (tensors and plain containers) under ``header``, atomically."""
+    """Write ``payload`` (tensors and plain containers) under ``header``, atomically.
+
+    File format: the line ``DDTRAIN-CHECKPOINT 1``, one line of JSON (step, epoch, step in the
+    epoch, world size, the run's fingerprint, and the payload's byte length and SHA-256), then
+    the payload as ``torch.save`` wrote it. A file that is shorter or longer than its header
+    says, or whose bytes do not hash to it, is reported as damaged and skipped; the payload is
+    read with ``torch.load(weights_only=True)``, so a checkpoint holds tensors and plain
+    containers only and can never execute code. Files are written to a temporary name, flushed
+    to disk, then renamed: a crash mid-write leaves the previous checkpoints as they were.
+    """
     buffer = io.BytesIO()
     torch.save(payload, buffer)
     data = buffer.getvalue()
@@ -299,10 +294,13 @@ def restart_attempt() -> int:
 
 
 class Checkpointer:
-    """Resume, ``due(step, end_of_epoch)`` and ``save(step, steps_done)`` for one run (see the module docstring).
+    """Resume (``resume``, or a restart by torchrun), ``due(step, end_of_epoch)`` and ``save(step, steps_done)``.
 
-    The loop calls ``enter_epoch`` at the start of each epoch; it says how many of the epoch's
-    steps a resumed checkpoint already trained and how long they took.
+    Resuming is step-for-step exact: the checkpoint holds the state after step S together with
+    the RNG states at the start of S's epoch and after S. On resume the loop re-enters that
+    epoch (``enter_epoch`` says how many of its steps were trained and how long they took), sets
+    the epoch-start RNG state, draws and discards the batches already trained (``batches``: so a
+    DataLoader's worker seeds come out as before), sets the after-S state, and goes on.
     """
 
     def __init__(self, options, *, strategy, strategy_name: str, optimizer, scaler, fingerprint: dict, record: dict,

@@ -1,5 +1,4 @@
 """The loop's extension points: a callback sees the run begin and end, and every epoch and step, with the ``TrainState``.
-
 A callback is any object with some of the hook methods below (``ddtrain.observe.profiler.Profiler``
 is one, without importing this module); ``Callback`` is a convenient base whose hooks do
 nothing. The loop binds each hook once per run and calls only the ones a callback defines.

@@ -1,5 +1,4 @@
 """The training loop: sharded data, one strategy, metrics averaged over ranks, a results record.
-
 ``fit`` is what ``ddtrain train`` runs; callers with their own loop use ``ddtrain.prepare``. The
 loop's state is a ``TrainState``; the reliability components own their schedule (a
 ``Checkpointer`` when there is a checkpoint directory, a ``NonfiniteGuard``, a ``ReplicaCheck``

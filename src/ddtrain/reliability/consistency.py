@@ -8,12 +8,11 @@ with the one a checkpoint was written under.
 """
 from __future__ import annotations
 
-import sys
-
 import torch
 import torch.distributed as dist
 
 from ddtrain.errors import DDTrainError
+from ddtrain.version import __version__
 
 # Settings every rank must share (paths such as --data or --out may differ between hosts).
 AGREE = ("epochs", "steps", "lr", "momentum", "weight_decay", "optimizer", "seed", "val_fraction", "sharding",
@@ -41,11 +40,8 @@ def _input_dtype(dataset) -> str:
 
 def fingerprint(config, model, data, world_size: int) -> dict:
     """What must be identical on every rank (and in a checkpoint we resume from)."""
-    # the package's version without importing the facade (ddtrain -> training -> reliability): the
-    # parent package is always loaded before any of its submodules
-    version = sys.modules[__package__.split(".")[0]].__version__
     shapes = [[name, list(p.shape), str(p.dtype).replace("torch.", "")] for name, p in model.named_parameters()]
-    out = {"ddtrain": version, "torch": str(torch.__version__), "world_size": world_size, "model": config.model,
+    out = {"ddtrain": __version__, "torch": str(torch.__version__), "world_size": world_size, "model": config.model,
            "model_args": repr(sorted(config.model_args.items())),
            "parameter_count": sum(p.numel() for p in model.parameters()), "parameter_shapes": shapes,
            "strategy": config.strategy, "batch_size": config.batch_size, "train_samples": len(data.train),

@@ -39,7 +39,7 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
     "bench": ({"training", "cluster", "config", "reliability", "observe", "sync", "comm", "costmodel", "models",
                "data", "dist", "errors"}, "times the real loop and collectives; the emulated link rate scales busbw"),
     "training": ({"config", "reliability", "observe", "sync", "comm", "costmodel", "models", "data", "dist",
-                  "errors"}, "the loop composes the strategy, the keeper, the monitors, the model and the data"),
+                  "errors"}, "the loop composes the strategy, the reliability components, the monitors, the model and the data"),
     "cluster": ({"dist", "errors"}, "emulated nodes launch ranks like real ones; nothing here knows about training"),
     "config": ({"reliability", "observe", "sync", "dist", "errors"}, "TrainConfig gathers the sections these own"),
     "sync": ({"reliability", "observe", "comm", "costmodel", "dist", "errors"},

@@ -22,24 +22,21 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-INT_OF_SIZE = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-WEIGHT_PERIOD = 8191   # positions are weighted 1..8191 (a prime), so swapped values change the hash
+from ddtrain.reliability.replicas import checksums
+
 
 
 def fingerprint(tensors) -> torch.Tensor:
-    """Two int64 hashes of the bits of ``tensors`` (wrap-around sums), on their device."""
-    device = tensors[0].device if tensors else torch.device("cpu")
-    out = torch.zeros(2, dtype=torch.int64, device=device)
-    for i, t in enumerate(tensors):
-        flat = t.detach().reshape(-1)
-        if flat.is_complex():
-            flat = torch.view_as_real(flat).reshape(-1)
-        bits = flat.view(INT_OF_SIZE[flat.element_size()]).to(torch.int64) if flat.is_floating_point() \
-            else flat.to(torch.int64)
-        weights = torch.arange(bits.numel(), device=device, dtype=torch.int64) % WEIGHT_PERIOD + 1
-        out[0] += bits.sum()
-        out[1] += (bits * weights).sum() * (i + 1)
-    return out
+    """Two int64 hashes of the bits of ``tensors`` (wrap-around sums), on their device.
+
+    Built from the replica check's per-tensor checksums (one hash in the code base): the plain
+    sums added, the weighted ones weighted again by the tensor's position.
+    """
+    if not tensors:
+        return torch.zeros(2, dtype=torch.int64)
+    rows = checksums(tensors)
+    order = torch.arange(1, len(rows) + 1, device=rows.device, dtype=torch.int64)
+    return torch.stack([rows[:, 0].sum(), (rows[:, 1] * order).sum()])
 
 
 def _by_dtype(tensors) -> dict:

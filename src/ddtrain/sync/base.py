@@ -5,10 +5,13 @@ one of these, with the model and optimizer unchanged and no communication, whate
 """
 from __future__ import annotations
 
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
+import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
 
 from ddtrain.dist import runtime
 
@@ -20,9 +23,19 @@ class SyncOptions:
     sync_every: int | str = 1        # hybrid / local-sgd: steps between parameter syncs, or "epoch"
     servers: int = 1                 # ps-*: how many ranks hold parameters
     staleness: int = 4               # ps-async: most versions a gradient may lag
-    bucket_cap_mb: float = 25.0      # DDP gradient bucket size
+    bucket_cap_mb: float = 25.0      # DDP gradient bucket size (MB)
+    find_unused_parameters: bool = False   # DDP: allow parameters that get no gradient on some steps (branches, unused heads)
+    static_graph: bool = False             # DDP: the set of used parameters never changes between steps
+    gradient_as_bucket_view: bool = False  # DDP: gradients are views into the buckets (saves one copy of memory)
+    no_broadcast_buffers: bool = False     # DDP: do not broadcast rank 0's buffers before each forward (broadcast_buffers=False)
+    sync_batchnorm: bool = False           # convert BatchNorm layers to SyncBatchNorm (DDP-based strategies, CUDA)
     check_every: int = 0             # steps between replica-divergence checks (0: at epoch ends only)
     timeout_s: float | None = None   # ps-*: seconds a rank waits on a peer (None: ddtrain.init()'s timeout)
+
+    @property
+    def broadcast_buffers(self) -> bool:
+        """DDP's ``broadcast_buffers`` (a switch that defaults off is how the CLI spells "default on")."""
+        return not self.no_broadcast_buffers
 
     def __post_init__(self):
         if self.sync_every != "epoch" and (not isinstance(self.sync_every, int) or self.sync_every < 1):
@@ -65,6 +78,9 @@ class Strategy:
     wrapper) calls ``after_step(step)`` and ``end_epoch(epoch)``; ``finish()`` runs once when
     training ends, from the loop or else from ``ddtrain.shutdown()``. Subclasses override the
     hooks they need and put what ``finish`` does in ``close()``; state lives in attributes.
+
+    ``no_sync()`` and ``optimizer_step()`` are what ``prepare``'s model and optimizer call; a
+    strategy whose communication is not DDP's overrides them (see each).
     """
 
     def __init__(self, model: nn.Module, optimizer, *, module: nn.Module | None = None,
@@ -82,7 +98,40 @@ class Strategy:
         self.group = group                                   # process group of the workers (None: every rank)
         self.spec = None                                     # the StrategySpec it was built from (set by ``wrap``)
         self.monitor = None                                  # a DivergenceMonitor, where the strategy keeps one
+        self.accumulating = 0                                # how many ``no_sync()`` contexts are open
         self._finished = False
+
+    @contextmanager
+    def no_sync(self):
+        """Gradient accumulation: inside, backward passes add to this rank's gradients and communicate nothing.
+
+        The contract, for every strategy and world size: gradients of the backward passes run
+        inside stay on this rank (summed, as PyTorch does); the next backward pass outside it
+        (DDP-based strategies) or the next optimizer step (the others) synchronises everything
+        accumulated, so k micro-batches, k-1 of them inside ``no_sync()``, give the step of one
+        batch k times larger. Step the optimizer outside the context. Here: DDP's own
+        ``no_sync()`` when the model is DDP-wrapped, and ``self.accumulating`` counts the open
+        contexts for strategies that communicate elsewhere (they override this or read it).
+        """
+        inner = self.model.no_sync() if isinstance(self.model, DistributedDataParallel) else nullcontext()
+        self.accumulating += 1
+        try:
+            with inner:
+                yield
+        finally:
+            self.accumulating -= 1
+
+    def optimizer_step(self, optimizer, user_step, closure=None):
+        """One ``step()`` of a prepared optimizer: ``user_step`` is the user's optimizer class's own step.
+
+        Default: run it. A strategy that replaced the optimizer by its own stepping object
+        (``self.optimizer`` is then no ``torch.optim.Optimizer``) steps that object instead;
+        strategies whose step is communication (parameter servers) may override this.
+        ``after_step`` is called by the caller, once per step of every optimizer of the model.
+        """
+        if self.optimizer is not None and not isinstance(self.optimizer, (torch.optim.Optimizer, list)):
+            return self.optimizer.step(closure) if closure is not None else self.optimizer.step()
+        return user_step(closure) if closure is not None else user_step()
 
     def after_step(self, step: int) -> None:
         if self.monitor is not None:

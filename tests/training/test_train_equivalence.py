@@ -1,15 +1,45 @@
-"""R ranks with per-rank batch B take the same steps as one process with batch R*B (acceptance 3)."""
-import pytest
+"""R ranks with per-rank batch B take the steps of a plain PyTorch loop with batch R*B (acceptance 3).
 
-from helpers import N_SAMPLES, assert_same_parameters, train_and_return_parameters
+The reference is written here (``torch.optim.SGD`` over one seeded permutation per epoch, cut
+into batches of R*B), not ddtrain's own single-process run, so that a bug shared by ddtrain's
+single-process and distributed paths fails the test too.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from helpers import N_SAMPLES, assert_same_parameters, tiny_data, tiny_model, train_and_return_parameters
 from multirank import run_ranks
+
+EPOCHS, SEED = 2, 3          # train_and_return_parameters' settings: lr 0.1, momentum 0.9, seed 3, 2 epochs
+
+
+def plain_loop(name: str, global_batch: int) -> dict:
+    model, shape = tiny_model(name)
+    train = tiny_data(shape).train
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for epoch in range(1, EPOCHS + 1):
+        order = torch.randperm(N_SAMPLES, generator=torch.Generator().manual_seed(SEED + epoch))
+        for s in range(N_SAMPLES // global_batch):
+            idx = order[s * global_batch:(s + 1) * global_batch]
+            optimizer.zero_grad()
+            F.cross_entropy(model(train.x[idx]), train.y[idx]).backward()
+            optimizer.step()
+    return model.state_dict()
+
 
 @pytest.mark.parametrize("name", ["mlp", "simple-cnn"])
 @pytest.mark.parametrize("world", [2, 3])
-def test_ranks_with_batch_b_equal_one_process_with_batch_rb(name, world):
+def test_ranks_with_batch_b_equal_a_plain_loop_with_batch_rb(name, world):
     batch = 8
-    reference, ref_steps = train_and_return_parameters(name, batch * world)
+    reference = plain_loop(name, batch * world)
     results = run_ranks(train_and_return_parameters, world, name, batch)
     for params, steps in results:
-        assert steps == ref_steps == N_SAMPLES // (batch * world)
+        assert steps == N_SAMPLES // (batch * world)
         assert_same_parameters(reference, params)
+
+
+def test_one_process_equals_the_plain_loop():
+    params, steps = train_and_return_parameters("mlp", 24)
+    assert steps == N_SAMPLES // 24
+    assert_same_parameters(plain_loop("mlp", 24), params)

@@ -1,0 +1,94 @@
+"""A stall report names exactly the rank that is elsewhere or silent, and none of the ranks waiting beside it.
+
+With 2 ranks the missing one is always "the other", so these run 3 and 4 ranks: one rank is
+made to fail by a deliberate fault (it skips the collective, staying alive; or it freezes, its
+heartbeat stopping) and every rank that timed out must name that rank, and only that one.
+"""
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from ddtrain import comm
+from ddtrain.reliability import stall
+from multirank import RankError, run_ranks
+
+DEADLINE_S = 3.0
+
+
+def waiting_for(message: str) -> set[int]:
+    """The ranks a stall message says it waits for (the part before the backend's own words in [...])."""
+    head = message.split(" [", 1)[0]
+    assert "; waiting for " in head, message
+    return {int(r) for r in re.findall(r"\brank (\d+)", head.split("; waiting for ", 1)[1])}
+
+
+def one_rank_skips(skipper: int, timeout_s: float):
+    """Every rank but ``skipper`` enters a ring all-reduce at step 7; ``skipper`` stays alive elsewhere."""
+    import torch.distributed as dist
+    with stall.watched(what="strategy ring, backend gloo", timeout_s=timeout_s, period_s=0.2):
+        stall.mark(7, "ring all-reduce of the gradients")
+        if dist.get_rank() == skipper:
+            stall.mark(7, "a data-dependent branch that skips the all-reduce")
+            time.sleep(timeout_s + 2)  # alive, heartbeat on, but not in the collective
+            return "skipped"
+        time.sleep(0.5)                # every rank's mark published at least once before anyone waits
+        comm.all_reduce(torch.ones(1000), "ring", timeout_s=timeout_s)
+
+
+def one_rank_freezes(frozen: int, timeout_s: float):
+    """Every rank enters the all-reduce at step 7; ``frozen`` stops its heartbeat there and never joins."""
+    import torch.distributed as dist
+    if dist.get_rank() == frozen:
+        stall.Heartbeat._run = lambda self: None     # publishes its mark once, then falls silent
+    stall.mark(7, "ring all-reduce of the gradients")  # the mark its one publication carries
+    with stall.watched(what="strategy ring, backend gloo", timeout_s=timeout_s, period_s=0.2):
+        stall.mark(7, "ring all-reduce of the gradients")
+        if dist.get_rank() == frozen:
+            time.sleep(timeout_s + 2)  # at the same step and operation as the others, but silent
+            return "frozen"
+        time.sleep(0.5)
+        comm.all_reduce(torch.ones(1000), "ring", timeout_s=timeout_s)
+
+
+def test_a_rank_that_skips_is_named_and_its_waiting_peers_are_not(world=4, skipper=2):
+    with pytest.raises(RankError) as caught:
+        run_ranks(one_rank_skips, world, skipper, DEADLINE_S)
+    errors = caught.value.errors
+    assert skipper not in errors and errors, errors
+    for rank, error in errors.items():
+        message = error.splitlines()[0]
+        assert message.startswith("StallError: stalled at step 7 in ring all-reduce of the gradients"), message
+        assert waiting_for(message) == {skipper}, (rank, message)
+        assert f"rank {skipper} (at step 7: a data-dependent branch that skips the all-reduce" in message
+
+
+def test_a_frozen_rank_at_the_same_step_is_named_as_silent_and_no_one_else():
+    timeout_s = 7.0       # longer than the 5 s after which a mark counts as stale
+    with pytest.raises(RankError) as caught:
+        run_ranks(one_rank_freezes, 3, 1, timeout_s)
+    errors = caught.value.errors
+    assert 1 not in errors and errors, errors
+    for rank, error in errors.items():
+        message = error.splitlines()[0]
+        assert waiting_for(message) == {1}, (rank, message)
+        assert re.search(r"rank 1 \(silent for \d+ s; last at step 7: ring all-reduce", message), message
+
+
+def test_ddtrain_train_on_3_ranks_names_only_the_rank_the_fault_made_skip():
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DDTRAIN_FAULT": "rank=1,step=3,kind=skip"}
+    env.pop("RANK", None)
+    result = subprocess.run([sys.executable, "-m", "ddtrain", "train", "--model", "mlp", "--data", "digits",
+                             "--nproc", "3", "--epochs", "1", "--batch-size", "32", "--timeout", "5"],
+                            capture_output=True, text=True, timeout=120, env=env)
+    assert result.returncode != 0, result.stderr
+    stalls = [line for line in result.stderr.splitlines() if "stalled at step 3" in line]
+    assert stalls, result.stderr
+    for line in stalls:
+        assert not line.startswith("[rank 1]"), line
+        assert waiting_for(line) == {1}, line
+    assert "Traceback" not in result.stderr

@@ -19,17 +19,20 @@ from typing import Literal, Optional
 from ddtrain.dist.config import DistConfig
 from ddtrain.errors import ConfigError, DDTrainError
 from ddtrain.observe.config import ProfileConfig
+from ddtrain.observe.tracking import TrackingConfig
 from ddtrain.reliability.config import ReliabilityConfig
 from ddtrain.sync.base import SyncOptions
 
 AMP_MODES = ("off", "bf16", "fp16")
-OPTIMIZERS = ("sgd", "adam")
-SECTIONS = {"sync": SyncOptions, "reliability": ReliabilityConfig, "profile": ProfileConfig, "dist": DistConfig}
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "step", "multistep", "cosine", "onecycle", "linear")
+SECTIONS = {"sync": SyncOptions, "reliability": ReliabilityConfig, "profile": ProfileConfig,
+            "tracking": TrackingConfig, "dist": DistConfig}
 
 
 @dataclass(kw_only=True)
 class TrainConfig:
-    """One training run. Batch size is per rank (the global batch is batch_size x workers)."""
+    """One training run. Batch size is per rank and micro-batch (the global batch is batch_size x workers x grad_accum)."""
 
     model: str = "simple-cnn"              # model name (see ddtrain.models.MODELS)
     model_args: dict = field(default_factory=dict)   # model option, e.g. hidden=256,128
@@ -38,11 +41,24 @@ class TrainConfig:
     strategy: str = "ddp"                  # synchronisation strategy (see ddtrain.sync.STRATEGIES)
     epochs: Optional[int] = None           # passes over the training data (default 1, or as many as --steps needs)
     steps: int = 0                         # stop after this many steps in all (0: no limit)
-    batch_size: int = 64                   # samples per step on each rank
-    lr: float = 0.05                       # learning rate
+    batch_size: int = 64                   # samples per micro-batch on each rank (set by --global-batch-size when given)
+    global_batch_size: int = 0             # samples per optimizer update over all workers; per-rank batch = this / (workers x grad_accum) (0: batch_size x workers x grad_accum)
+    grad_accum: int = 1                    # micro-batches per optimizer update (gradients communicated on the last one only)
+    lr: float = 0.05                       # peak learning rate (before --scale-lr)
+    scale_lr: Literal["none", "linear", "sqrt"] = "none"   # multiply --lr by (global batch / --lr-reference-batch), or its square root
+    lr_reference_batch: int = 256          # the global batch --lr is meant for (--scale-lr)
+    lr_schedule: Literal["constant", "step", "multistep", "cosine", "onecycle", "linear"] = "constant"   # learning rate over the optimizer updates, after the warm-up
+    lr_warmup_steps: int = 0               # optimizer updates of linear warm-up to the peak lr
+    lr_warmup_epochs: float = 0.0          # warm-up in epochs (when --warmup-steps is 0)
+    lr_gamma: float = 0.1                  # step/multistep: factor applied at each milestone
+    lr_step_epochs: float = 0.0            # step: epochs between decays (0: a third of the run)
+    lr_milestones: str = ""                # multistep: epochs at which lr is multiplied by --lr-gamma, e.g. 30,60,80 (default: half and three quarters of the run)
     momentum: float = 0.9                  # SGD momentum (heavy ball)
-    weight_decay: float = 0.0              # L2 penalty added by the optimizer
-    optimizer: Literal["sgd", "adam"] = "sgd"   # the optimizer
+    weight_decay: float = 0.0              # weight decay (L2 for sgd/adam, decoupled for adamw)
+    decay_exclude: Literal["auto", "norms-biases", "none"] = "auto"   # parameters kept out of weight decay (auto: norms and biases for adamw, none otherwise)
+    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"   # the optimizer
+    clip_grad: float = 0.0                 # clip the gradients' total norm to this before each update (0: off)
+    label_smoothing: float = 0.0           # cross-entropy label smoothing (classification)
     seed: int = 0                          # seed for initialisation, shuffling and dropout
     val_fraction: float = 0.2              # share of the data held out for validation
     sharding: Literal["balanced", "contiguous"] = "balanced"   # how samples are split over ranks (document 000 Tables 6.1/6.2)
@@ -58,22 +74,24 @@ class TrainConfig:
     sync: SyncOptions = field(default_factory=SyncOptions)
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
     dist: DistConfig = field(default_factory=DistConfig)
 
     def __post_init__(self):
         if self.epochs is None:  # "as many as --steps needs" when only steps are given
             self.epochs = 0 if self.steps else 1
-        for name in ("batch_size",):
+        for name in ("batch_size", "grad_accum", "lr_reference_batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ConfigError(name, f"must be a positive integer, got {value!r}")
-        for name in ("epochs", "steps", "loader_workers", "log_every", "seed"):
+        for name in ("epochs", "steps", "loader_workers", "log_every", "seed", "global_batch_size", "lr_warmup_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
         if self.epochs == 0 and self.steps == 0:
             raise ConfigError("epochs", "and steps are both 0: nothing to do")
-        for name in ("lr", "momentum", "weight_decay", "val_fraction"):
+        for name in ("lr", "momentum", "weight_decay", "val_fraction", "lr_warmup_epochs", "lr_gamma", "lr_step_epochs",
+                     "clip_grad", "label_smoothing"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
                 raise ConfigError(name, f"must be a finite number, got {value!r}")
@@ -85,8 +103,21 @@ class TrainConfig:
             raise ConfigError("weight_decay", f"must be >= 0, got {self.weight_decay}")
         if not 0 <= self.val_fraction < 1:
             raise ConfigError("val_fraction", f"must be in [0, 1), got {self.val_fraction}")
+        for name in ("lr_warmup_epochs", "lr_step_epochs", "clip_grad"):
+            if getattr(self, name) < 0:
+                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
+        if not 0 < self.lr_gamma <= 1:
+            raise ConfigError("lr_gamma", f"must be in (0, 1], got {self.lr_gamma}")
+        if not 0 <= self.label_smoothing < 1:
+            raise ConfigError("label_smoothing", f"must be in [0, 1), got {self.label_smoothing}")
+        if self.lr_warmup_steps and self.lr_warmup_epochs:
+            raise ConfigError("lr_warmup_epochs", "and --warmup-steps are both given: choose one")
+        if not isinstance(self.lr_milestones, str):  # a config file may give a list
+            self.lr_milestones = ",".join(str(v) for v in self.lr_milestones)
         for name, allowed in (("amp", AMP_MODES), ("optimizer", OPTIMIZERS), ("data_on_device", ("auto", "yes", "no")),
-                              ("sharding", ("balanced", "contiguous"))):
+                              ("sharding", ("balanced", "contiguous")), ("lr_schedule", SCHEDULES),
+                              ("scale_lr", ("none", "linear", "sqrt")),
+                              ("decay_exclude", ("auto", "norms-biases", "none"))):
             if getattr(self, name) not in allowed:
                 raise ConfigError(name, f"{getattr(self, name)!r} is not one of: {', '.join(allowed)}")
         for name, cls in SECTIONS.items():
@@ -157,8 +188,11 @@ def parse_kv(items: list[str], flag: str) -> dict:
 
 # ---- settings as flags: the names ddtrain.cli.args generates, and a config turned back into them ----
 
-# Fields whose flag is not the field's name.
-FLAG_NAMES = {"model_args": "model-arg", "data_args": "data-arg"}
+# Fields whose flag is not the field's name. The learning-rate warm-up has the flags the recipes
+# use (--warmup-steps/--warmup-epochs); the profile's steps left out of its times (ProfileConfig's
+# warmup_steps, a name the benchmarks pass to from_flat) take --profile-warmup-steps.
+FLAG_NAMES = {"model_args": "model-arg", "data_args": "data-arg", "lr_warmup_steps": "warmup-steps",
+              "lr_warmup_epochs": "warmup-epochs", "warmup_steps": "profile-warmup-steps"}
 # Fields that are not flags: the parameter servers' own deadline is --timeout (DistConfig).
 NOT_FLAGS = {"timeout_s"}
 _UNIONS = (typing.Union, types.UnionType)

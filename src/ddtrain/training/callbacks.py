@@ -62,9 +62,11 @@ class TrainState:
     fingerprint: dict                   # what must agree between ranks and with a checkpoint
     callbacks: list = field(default_factory=list)
     epochs: int = 0                     # the last epoch this run trains
-    step: int = 0                       # steps done in the whole run
+    step: int = 0                       # optimizer steps (updates) done in the whole run
     epoch: int = 1                      # the epoch running now
     steps_done: int = 0                 # steps done in this epoch
     checkpointer: Optional[Checkpointer] = None    # with a checkpoint_dir
     nonfinite: Optional[NonfiniteGuard] = None
     replicas: Optional[ReplicaCheck] = None        # on workers of a distributed run
+    schedule: Any = None                # the lr schedule (training.recipe.Schedule), when not constant
+    updates_per_epoch: int = 0          # optimizer steps in an epoch (micro-batches // grad_accum)

@@ -1,5 +1,8 @@
 """The training loop: sharded data, one strategy, metrics averaged over ranks, a results record.
-``fit`` is what ``ddtrain train`` runs; callers with their own loop use ``ddtrain.prepare``. The
+``fit`` is what ``ddtrain train`` runs; callers with their own loop use ``ddtrain.prepare``. A
+step is one optimizer update over ``grad_accum`` micro-batches (communication on the last one
+only); the recipe (optimizer, lr schedule, clipping, label smoothing: ``training.recipe``) and
+the trackers (``observe.tracking``) come from the config. The
 loop's state is a ``TrainState``; the reliability components own their schedule (a
 ``Checkpointer`` when there is a checkpoint directory, a ``NonfiniteGuard``, a ``ReplicaCheck``
 on the workers of a distributed run) and fault injection is a callback installed only when
@@ -7,6 +10,7 @@ DDTRAIN_FAULT asks for one.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 
@@ -19,35 +23,49 @@ from ddtrain.data import Data
 from ddtrain.data.loading import ShardLoader
 from ddtrain.data.sharding import ShardSampler
 from ddtrain.dist import runtime
-from ddtrain.observe import files
+from ddtrain.errors import ConfigError
+from ddtrain.observe import files, tracking
 from ddtrain.reliability import consistency, faults, stall
 from ddtrain.reliability.checkpoint import Checkpointer, restart_attempt
 from ddtrain.reliability.nonfinite import NonfiniteGuard
 from ddtrain.reliability.replicas import ReplicaCheck
-from ddtrain.sync import wrap
+from ddtrain.sync import strategy_spec, wrap
+from ddtrain.training import recipe
 from ddtrain.training.callbacks import TrainState, bound
-from ddtrain.training.evaluate import Meter, autocast, evaluate, loss_function
+from ddtrain.training.evaluate import Meter, autocast, evaluate
 from ddtrain.training.progress import ProgressBar, epoch_line
 
 
-def build_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
-    if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
-    return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
+def build_optimizer(config: TrainConfig, params, workers: int = 1) -> torch.optim.Optimizer:
+    """The optimizer ``config`` names (a module, or an iterable of parameters), at the lr ``--scale-lr`` gives."""
+    if not isinstance(params, nn.Module):
+        holder = nn.Module()
+        holder.params = nn.ParameterList(list(params))
+        params = holder
+    return recipe.build_optimizer(config, params, workers)
 
 
 def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, loss_fn=None,
         callbacks=()) -> dict:
     """Train ``model`` on ``data`` with ``config.strategy``; returns (and writes) the results record.
 
-    ``callbacks``: objects with any of the hook methods of ``ddtrain.Callback``.
+    ``callbacks``: objects with any of the hook methods of ``ddtrain.Callback``. The recipe's
+    optimizer settings (``optimizer``, ``scale_lr``, ``decay_exclude``) apply when ``fit`` builds
+    the optimizer; the schedule and the clipping also apply to an ``optimizer`` passed in.
     """
     runtime.init()
     device = runtime.device()
     model = model.to(device)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    optimizer = optimizer or build_optimizer(config, model.parameters())
+    # the workers (ranks that train: not the parameter servers) fix the per-rank batch and the lr scaling
+    workers = max(runtime.world_size() - strategy_spec(config.strategy).extra_ranks(config.sync.servers), 1) \
+        if runtime.world_size() > 1 else 1
+    config = recipe.resolve(config, workers)     # batch_size: the per-rank micro-batch
+    if config.label_smoothing and data.task != "classification":
+        raise ConfigError("label_smoothing", f"applies to classification; {data.name} is a {data.task} task")
+    trackers = tracking.trackers(config.tracking, runtime.rank())   # a missing library fails here, before training
+    optimizer = optimizer or recipe.build_optimizer(config, model, workers)
     # once per process: the start-up comparison and every checkpoint header read this one
     fingerprint = consistency.fingerprint(config, model, data, runtime.world_size())
     consistency.check_startup(fingerprint)  # ranks that disagree refuse to start, naming rank and field
@@ -60,19 +78,29 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     on_device = config.data_on_device == "yes" or (config.data_on_device == "auto" and device.type == "cuda")
     loader = ShardLoader(data.train, sampler, config.batch_size, device, workers=config.loader_workers,
                          on_device=on_device, channels_last=config.channels_last)
-    epochs = config.epochs or math.ceil(config.steps / loader.steps)
+    per_epoch = recipe.updates_per_epoch(loader.steps, config.grad_accum)
+    if per_epoch < 1:
+        raise ConfigError("grad_accum", f"{config.grad_accum} is more than the {loader.steps} micro-batches of "
+                          f"{config.batch_size} in an epoch of a rank's shard")
+    epochs = config.epochs or math.ceil(config.steps / per_epoch)
     if config.steps:
-        epochs = min(epochs, math.ceil(config.steps / loader.steps)) if config.epochs else epochs
+        epochs = min(epochs, math.ceil(config.steps / per_epoch)) if config.epochs else epochs
+    schedule = clip = None
+    if config.lr_schedule != "constant" or config.lr_warmup_steps or config.lr_warmup_epochs:
+        schedule = recipe.Schedule(optimizer, recipe.plan(config, per_epoch))
+    if config.clip_grad:
+        clip = recipe.clip_gradients(optimizer, config.clip_grad)
     record = {"config": config.as_dict(), "world_size": runtime.world_size(), "workers": strategy.workers,
               "strategy": config.strategy, "role": strategy.role, "sharding": sampler.describe(),
-              "global_batch_size": config.batch_size * strategy.workers, "epochs": [],
+              "global_batch_size": config.batch_size * strategy.workers * config.grad_accum,
+              "updates_per_epoch": per_epoch, "epochs": [],
               "versions": files.versions(runtime.backend(), device)}
     info = record["reliability"] = {"attempt": restart_attempt(), "resumed_from": None, "checkpoints_written": 0,
                                     "nonfinite_skipped": [], "replica_checks": 0, "rebroadcasts": []}
-    callbacks = [*callbacks, *faults.injectors(runtime.rank())]
+    callbacks = [*callbacks, *trackers, *faults.injectors(runtime.rank())]
     state = TrainState(config=config, strategy=strategy, model=strategy.module, optimizer=optimizer, scaler=scaler,
                        device=device, data=data, record=record, fingerprint=fingerprint, callbacks=callbacks,
-                       epochs=epochs)
+                       epochs=epochs, schedule=schedule, updates_per_epoch=per_epoch)
     options = config.reliability
     state.nonfinite = NonfiniteGuard(options.on_nonfinite, module=strategy.module, scaler=scaler, device=device,
                                      group=strategy.group, info=info)
@@ -85,6 +113,8 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
                                           info=info, max_steps=config.steps, epochs=epochs)
         state.checkpointer.resume()  # resume=True, or a restart by torchrun: the newest whole checkpoint
         state.step, state.epoch = state.checkpointer.step, state.checkpointer.epoch
+        if schedule is not None:
+            schedule.jump_to(state.step)  # the optimizer's restored lr is the saved step's; the next is this
     for hook in bound(callbacks, "on_train_begin"):
         hook(state)
     # a wait that times out names the step, the operation and the ranks that are elsewhere
@@ -95,7 +125,11 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
             strategy.serve()
         else:
             step_model = torch.compile(strategy.model) if config.compile else strategy.model
-            _train_epochs(state, step_model, loader, loss_fn or loss_function(data.task), distributed)
+            _train_epochs(state, step_model, loader,
+                          loss_fn or recipe.loss_function(data.task, config.label_smoothing), distributed)
+    for handle in (schedule, clip):  # the optimizer may outlive the run (passed in by the caller)
+        if handle is not None:
+            handle.remove()
     strategy.finish()
     strategy.update_stats()
     record["comm"] = _gather_stats(strategy, distributed)
@@ -121,6 +155,10 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
     forward_backward = "forward+backward" + (" (the gradient all-reduce runs inside backward)"
                                              if strategy.spec.sync_in_backward else "")
     step, rank0 = state.step, runtime.rank() == 0 and not config.quiet
+    k, per_epoch = config.grad_accum, state.updates_per_epoch
+    # the first k-1 micro-batches' backward passes communicate nothing (the strategy's no_sync:
+    # DDP's own for the DDP-based strategies; the others communicate in the optimizer step anyway)
+    no_sync = getattr(strategy, "no_sync", None) or getattr(strategy.model, "no_sync", None) or contextlib.nullcontext
     step_model.train()
     for epoch in range(state.epoch, state.epochs + 1):
         state.epoch = epoch
@@ -129,24 +167,30 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
             hook(epoch, state)
         meter = Meter(device, classify)
         data_s = compute_s = optimizer_s = 0.0
-        bar = ProgressBar(loader.steps, f"Epoch {epoch}/{state.epochs}", enabled=rank0)
+        bar = ProgressBar(per_epoch, f"Epoch {epoch}/{state.epochs}", enabled=rank0)
         start = last = time.perf_counter()
         steps_done, took = checkpointer.enter_epoch(epoch, meter) if checkpointer is not None else (0, 0.0)
         start -= took  # a resumed epoch counts the time its first part took
-        state.steps_done, per_epoch = steps_done, loader.steps
+        state.steps_done = steps_done
         # steps_done > 0 only in the epoch a checkpoint stopped in: its trained batches are drawn and dropped
-        for x, y in checkpointer.batches(loader, steps_done) if steps_done else loader:
+        batches = checkpointer.batches(loader, steps_done * k) if steps_done else loader
+        for group in _groups(batches, k) if k > 1 else ([b] for b in batches):
             if max_steps and step >= max_steps:
                 break
             stall.mark(step, forward_backward)
             for hook in step_begin:
                 hook(step, state)
             t_data = time.perf_counter()
-            with autocast(device, amp):
-                out = step_model(x)
-                loss = loss_fn(out.float(), y)
-            nonfinite.check_loss(loss, step)
-            (scaler.scale(loss) if scaler else loss).backward()
+            if k == 1:
+                (x, y), = group
+                with autocast(device, amp):
+                    out = step_model(x)
+                    loss = loss_fn(out.float(), y)
+                nonfinite.check_loss(loss, step)
+                (scaler.scale(loss) if scaler else loss).backward()
+                seen = [(loss, out, y)]
+            else:
+                loss, seen = _accumulate(group, step_model, loss_fn, no_sync, nonfinite, scaler, device, amp, step)
             t_compute = time.perf_counter()
             if not nonfinite.step_ok(step):  # non-finite and on_nonfinite="skip": every rank skips it
                 pass
@@ -162,7 +206,8 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
             compute_s += t_compute - t_data
             optimizer_s += t_end - t_compute
             begin, last = last, t_end
-            meter.add(loss, out, y, classify)
+            for micro_loss, out, y in seen:
+                meter.add(micro_loss, out, y, classify)
             step += 1
             steps_done += 1
             state.step, state.steps_done = step, steps_done
@@ -202,6 +247,39 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
             hook(epoch, logs, state)
         if max_steps and step >= max_steps:
             break
+
+
+def _groups(batches, k: int):
+    """The loader's micro-batches ``k`` at a time (an incomplete last group is dropped)."""
+    group = []
+    for batch in batches:
+        group.append(batch)
+        if len(group) == k:
+            yield group
+            group = []
+
+
+def _accumulate(group, step_model, loss_fn, no_sync, nonfinite, scaler, device, amp, step):
+    """Forward and backward of each micro-batch, the gradient communicated with the last one only.
+
+    Each micro-batch's mean loss is weighted by its share of the group's samples, so the summed
+    gradient is that of the mean loss over all of them: k micro-batches of B give the step of one
+    batch of k*B. Returns (the group's mean loss, [(loss, output, target) per micro-batch]).
+    """
+    total = sum(y.shape[0] for _, y in group)
+    seen = []
+    for i, (x, y) in enumerate(group):
+        with no_sync() if i < len(group) - 1 else contextlib.nullcontext():
+            with autocast(device, amp):
+                out = step_model(x)
+                loss = loss_fn(out.float(), y)
+            nonfinite.check_loss(loss, step)
+            share = loss * (y.shape[0] / total)
+            (scaler.scale(share) if scaler else share).backward()
+        seen.append((loss, out, y))
+    mean = sum(loss.detach() * (y.shape[0] / total) for loss, _, y in seen)
+    nonfinite.check_loss(mean, step)  # skip mode: one bad micro-batch marks the whole step
+    return mean, seen
 
 
 def _gather_stats(strategy, distributed) -> list[dict]:

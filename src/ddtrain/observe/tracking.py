@@ -1,0 +1,219 @@
+"""Experiment tracking on rank 0: TensorBoard event files, an MLflow run, a CSV of per-step metrics.
+
+Each tracker is a callback of the training loop (hook methods only: observe sits below training)
+that writes what the loop measures anyway: per step the loss (rank 0's, averaged over its
+micro-batches), the learning rate, samples per second (global batch over the step's wall time)
+and, with ``--profile``, the step split (data, compute, optimizer seconds from the loop's clock
+readings); per epoch the epoch's metrics (train and validation loss and accuracy, samples/s, the
+split) and the bytes this rank sent and received. The libraries are optional (``pip install
+'ddtrain[tracking]'``): ``check`` names the missing one before training starts.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+from ddtrain.errors import ConfigError, DDTrainError
+
+
+@dataclass(kw_only=True)
+class TrackingConfig:
+    """Tracking (rank 0 writes; docs/DEPENDENCIES.md names the libraries)."""
+
+    tensorboard: Optional[str] = None     # write TensorBoard event files (scalars per step and epoch) into this directory
+    mlflow: bool = False                  # log the configuration and the metrics to MLflow (MLFLOW_TRACKING_URI, default ./mlruns)
+    csv: Optional[str] = None             # write per-step and per-epoch metrics to this CSV file
+    track_every: int = 1                  # optimizer steps between tracked step metrics
+
+    def __post_init__(self):
+        if not isinstance(self.track_every, int) or isinstance(self.track_every, bool) or self.track_every < 1:
+            raise ConfigError("track_every", f"must be a positive integer, got {self.track_every!r}")
+        if self.csv is not None and not str(self.csv).endswith(".csv"):
+            raise ConfigError("csv", f"{self.csv!r} should name a .csv file")
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.tensorboard or self.mlflow or self.csv)
+
+
+def check(config: TrackingConfig) -> None:
+    """Before any worker starts: the libraries are installed and the outputs writable (one message)."""
+    from ddtrain.observe import files
+    if config.tensorboard:
+        try:
+            from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (needs the tensorboard package)
+        except ImportError:
+            raise DDTrainError("--tensorboard needs the tensorboard package: pip install 'ddtrain[tracking]' "
+                               "(or pip install tensorboard)") from None
+        _check_dir(config.tensorboard)
+    if config.mlflow:
+        try:
+            import mlflow  # noqa: F401
+        except ImportError:
+            raise DDTrainError("--mlflow needs the mlflow package: pip install 'ddtrain[tracking]' "
+                               "(or pip install mlflow)") from None
+    files.check_writable(config.csv, "--csv")
+
+
+def _check_dir(path: str) -> None:
+    """The directory exists or can be made, and a file can be created in it."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        probe = os.path.join(path, f".ddtrain-write-check-{os.getpid()}")
+        with open(probe, "w"):
+            pass
+        os.remove(probe)
+    except OSError as exc:
+        raise DDTrainError(f"--tensorboard {path!r}: cannot write there ({exc.strerror or exc})") from None
+
+
+def trackers(config: TrackingConfig, rank: int) -> list:
+    """The tracking callbacks ``config`` asks for, on rank 0 (none elsewhere)."""
+    if rank != 0 or not config.enabled:
+        return []
+    check(config)
+    out: list = []
+    if config.tensorboard:
+        out.append(TensorBoardTracker(config.tensorboard, config.track_every))
+    if config.mlflow:
+        out.append(MLflowTracker(config.track_every))
+    if config.csv:
+        out.append(CSVTracker(config.csv, config.track_every))
+    return out
+
+
+class Tracker:
+    """What every tracker measures; subclasses say where a scalar goes (``scalar``) and close their sink."""
+
+    def __init__(self, every: int):
+        self.every, self.loss_sum, self.loss_n = every, 0.0, 0
+
+    def on_train_begin(self, state) -> None:
+        self.open(state)
+
+    def on_step_end(self, step, logs, state) -> None:
+        if step % self.every:
+            return
+        config = state.config
+        metrics = {"loss": float(logs["loss"])}
+        schedule = getattr(state, "schedule", None)
+        if schedule is not None:
+            metrics["lr"] = schedule.lr(step - 1)      # the rate the update just taken used
+        else:
+            metrics["lr"] = state.optimizer.param_groups[0]["lr"]
+        wall = logs["end_s"] - logs["begin_s"]
+        batch = state.record.get("global_batch_size") or config.batch_size
+        if wall > 0:
+            metrics["samples_per_s"] = batch / wall
+        if config.profile.enabled:
+            metrics["data_s"] = logs["data_end_s"] - logs["begin_s"]
+            metrics["compute_s"] = logs["compute_end_s"] - logs["data_end_s"]
+            metrics["optimizer_s"] = logs["end_s"] - logs["compute_end_s"]
+        self.write("step", step, state.epoch, metrics)
+
+    def on_epoch_end(self, epoch, logs, state) -> None:
+        metrics = {k: logs[k] for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples_per_s",
+                                        "time_s") if isinstance(logs.get(k), (int, float))}
+        for part, seconds in (logs.get("step_split_s") or {}).items():
+            metrics[part] = seconds
+        strategy = state.strategy
+        strategy.update_stats()                          # local counters: no communication
+        metrics["bytes_sent"] = strategy.stats.bytes_sent
+        metrics["bytes_received"] = strategy.stats.bytes_received
+        self.write("epoch", state.step, epoch, metrics)
+
+    def on_train_end(self, record, state) -> None:
+        self.close()
+
+    def write(self, kind: str, step: int, epoch: int, metrics: dict) -> None:
+        for name, value in metrics.items():
+            if value is not None and math.isfinite(float(value)):
+                self.scalar(f"{kind}/{name}", float(value), step)
+
+    def open(self, state) -> None: ...
+    def scalar(self, tag: str, value: float, step: int) -> None: ...
+    def close(self) -> None: ...
+
+
+class TensorBoardTracker(Tracker):
+    """Scalars ``step/loss``, ``step/lr``, ``epoch/val_accuracy``, ... in ``DIR``'s event files."""
+
+    def __init__(self, log_dir: str, every: int = 1):
+        super().__init__(every)
+        self.log_dir, self.writer = log_dir, None
+
+    def open(self, state) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+        self.writer = SummaryWriter(log_dir=self.log_dir)
+        self.writer.add_text("config", "```\n" + _config_text(state.config) + "\n```", 0)
+
+    def scalar(self, tag, value, step) -> None:
+        self.writer.add_scalar(tag, value, step)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.close()
+            self.writer = None
+
+
+class MLflowTracker(Tracker):
+    """An MLflow run: the flat configuration as parameters, the scalars as metrics (tags with ``/`` become ``_``)."""
+
+    def __init__(self, every: int = 1):
+        super().__init__(every)
+        self.run, self.started = None, False
+
+    def open(self, state) -> None:
+        import mlflow
+        if mlflow.active_run() is None:
+            self.run, self.started = mlflow.start_run(), True
+        flat = state.config.flat()
+        # MLflow caps a parameter value's length; long dicts are cut, not refused
+        mlflow.log_params({k: str(v)[:250] for k, v in flat.items()})
+
+    def scalar(self, tag, value, step) -> None:
+        import mlflow
+        mlflow.log_metric(tag.replace("/", "_"), value, step=step)
+
+    def close(self) -> None:
+        if self.started:
+            import mlflow
+            mlflow.end_run()
+            self.started = False
+
+
+CSV_COLUMNS = ("kind", "step", "epoch", "loss", "lr", "samples_per_s", "data_s", "compute_s", "optimizer_s",
+               "train_loss", "train_accuracy", "val_loss", "val_accuracy", "time_s", "bytes_sent", "bytes_received")
+
+
+class CSVTracker(Tracker):
+    """One row per tracked step (``kind`` step) and per epoch (``kind`` epoch), fixed columns ``CSV_COLUMNS``."""
+
+    def __init__(self, path: str, every: int = 1):
+        super().__init__(every)
+        self.path, self.file, self.writer = path, None, None
+
+    def open(self, state) -> None:
+        parent = os.path.dirname(os.path.abspath(self.path))
+        os.makedirs(parent, exist_ok=True)
+        self.file = open(self.path, "w", newline="")
+        self.writer = csv.DictWriter(self.file, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+        self.writer.writeheader()
+
+    def write(self, kind, step, epoch, metrics) -> None:
+        row = {"kind": kind, "step": step, "epoch": epoch}
+        row.update({k: (f"{v:.8g}" if isinstance(v, float) else v) for k, v in metrics.items() if v is not None})
+        self.writer.writerow(row)
+        self.file.flush()   # a run that dies keeps its rows
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+
+def _config_text(config) -> str:
+    return "\n".join(f"{k} = {v!r}" for k, v in config.flat().items())

@@ -1,0 +1,230 @@
+"""A training recipe built from a ``TrainConfig``: batch arithmetic, the optimizer, the learning-rate schedule, clipping.
+
+Batch: ``--global-batch-size G`` gives each rank micro-batches of G / (workers x grad_accum).
+Optimizer: sgd, adam or adamw over two parameter groups when norms and biases are kept out of
+weight decay (the default for adamw), at ``--lr`` scaled by the global batch over
+``--lr-reference-batch`` (``--scale-lr linear`` as Goyal et al. 2017 and Horovod, or ``sqrt``).
+Schedule: a ``torch.optim.lr_scheduler.LambdaLR`` over optimizer updates, the factor a pure
+function (``lr_factor``) of the update index, warm-up first. The schedule advances, and the
+gradient clipping runs, in hooks on the optimizer's own ``step``, so they act wherever that
+step runs: after DDP's averaged backward, after a GradScaler's unscale, and on the parameter
+servers, which hold the optimizer for ps-sync and ps-async.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from ddtrain.config import TrainConfig
+from ddtrain.errors import ConfigError
+
+OPTIMIZERS = ("sgd", "adam", "adamw")
+SCHEDULES = ("constant", "step", "multistep", "cosine", "onecycle", "linear")
+# torch's OneCycleLR defaults: start at max/25, end at start/1e4, 30% of the run rising
+ONECYCLE_DIV, ONECYCLE_FINAL_DIV, ONECYCLE_PCT = 25.0, 1e4, 0.3
+
+
+# ---- batch arithmetic ----
+
+def per_rank_batch(config: TrainConfig, workers: int) -> int:
+    """Samples per micro-batch on each rank: ``--global-batch-size / (workers x grad_accum)``, else ``--batch-size``."""
+    if not config.global_batch_size:
+        return config.batch_size
+    parts = workers * config.grad_accum
+    if config.global_batch_size % parts:
+        raise ConfigError("global_batch_size", f"{config.global_batch_size} does not divide into {workers} worker(s) "
+                          f"x --grad-accum {config.grad_accum} = {parts} equal micro-batches "
+                          f"(nearest that do: {_near(config.global_batch_size, parts)})")
+    return config.global_batch_size // parts
+
+
+def _near(total: int, parts: int) -> str:
+    low = total // parts * parts
+    return ", ".join(str(v) for v in (low, low + parts) if v > 0)
+
+
+def global_batch(config: TrainConfig, workers: int) -> int:
+    """Samples per optimizer update over all workers."""
+    return per_rank_batch(config, workers) * workers * config.grad_accum
+
+
+def resolve(config: TrainConfig, workers: int) -> TrainConfig:
+    """``config`` with ``batch_size`` the per-rank micro-batch (what the results record stores)."""
+    import dataclasses
+    batch = per_rank_batch(config, workers)
+    return config if batch == config.batch_size else dataclasses.replace(config, batch_size=batch)
+
+
+def scaled_lr(config: TrainConfig, workers: int) -> float:
+    """``--lr`` times (global batch / reference batch), or its square root, or 1 (``--scale-lr``)."""
+    ratio = global_batch(config, workers) / config.lr_reference_batch
+    return config.lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[config.scale_lr]
+
+
+# ---- optimizer ----
+
+def excludes_norms_and_biases(config: TrainConfig) -> bool:
+    return config.decay_exclude == "norms-biases" or (config.decay_exclude == "auto" and config.optimizer == "adamw")
+
+
+def param_groups(model: nn.Module, weight_decay: float, exclude_norms_and_biases: bool) -> list[dict]:
+    """One group, or two: decayed weights and undecayed norms and biases (every parameter of one dimension).
+
+    One-dimensional parameters are biases and the scales and shifts of normalisation layers
+    (BatchNorm, LayerNorm, GroupNorm): decaying them only pulls normalised activations to zero
+    (Goyal et al. 2017, and nanoGPT's ``configure_optimizers``).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not exclude_norms_and_biases or not weight_decay:
+        return [{"params": params, "weight_decay": weight_decay}]
+    decay = [p for p in params if p.dim() >= 2]
+    rest = [p for p in params if p.dim() < 2]
+    return [g for g in ({"params": decay, "weight_decay": weight_decay}, {"params": rest, "weight_decay": 0.0})
+            if g["params"]]
+
+
+def build_optimizer(config: TrainConfig, model: nn.Module, workers: int = 1) -> torch.optim.Optimizer:
+    """The optimizer ``config`` names over ``model``'s parameters, at the scaled learning rate."""
+    lr = scaled_lr(config, workers)
+    groups = param_groups(model, config.weight_decay, excludes_norms_and_biases(config))
+    if config.optimizer == "adam":
+        return torch.optim.Adam(groups, lr=lr)
+    if config.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=lr)
+    return torch.optim.SGD(groups, lr=lr, momentum=config.momentum)
+
+
+# ---- schedule ----
+
+@dataclass(frozen=True)
+class Plan:
+    """The schedule's numbers in optimizer updates."""
+
+    schedule: str
+    total: int                 # updates in the whole run
+    warmup: int                # updates of linear warm-up (counted inside total)
+    milestones: tuple = ()     # step / multistep: updates at which lr is multiplied by gamma
+    gamma: float = 0.1
+
+
+def updates_per_epoch(micro_batches: int, grad_accum: int) -> int:
+    """Optimizer updates in an epoch of ``micro_batches`` per rank (a last, incomplete group is dropped)."""
+    return micro_batches // grad_accum
+
+
+def plan(config: TrainConfig, per_epoch: int) -> Plan:
+    """The schedule of ``config`` for a run of ``per_epoch`` updates per epoch (checks warm-up against the run)."""
+    total = config.epochs * per_epoch if config.epochs else config.steps
+    if config.steps:
+        total = min(total, config.steps)
+    warmup = config.lr_warmup_steps or round(config.lr_warmup_epochs * per_epoch)
+    if warmup and warmup >= total:
+        given = config.lr_warmup_steps or f"{config.lr_warmup_epochs:g} ({warmup} updates)"
+        raise ConfigError("lr_warmup_steps" if config.lr_warmup_steps else "lr_warmup_epochs",
+                          f"{given} is not shorter than the run ({total} optimizer updates)")
+    milestones: tuple = ()
+    if config.lr_schedule == "multistep":
+        epochs = _milestone_epochs(config.lr_milestones)
+        milestones = tuple(round(e * per_epoch) for e in epochs) if epochs else \
+            (warmup + (total - warmup) // 2, warmup + 3 * (total - warmup) // 4)
+    elif config.lr_schedule == "step":
+        period = round(config.lr_step_epochs * per_epoch) if config.lr_step_epochs else max((total - warmup) // 3, 1)
+        milestones = tuple(range(warmup + period, total, max(period, 1)))
+    return Plan(config.lr_schedule, total, warmup, milestones, config.lr_gamma)
+
+
+def _milestone_epochs(text: str) -> list[float]:
+    if not text:
+        return []
+    try:
+        values = [float(v) for v in str(text).split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError("lr_milestones", f"takes comma-separated epochs (e.g. 30,60,80), got {text!r}") from None
+    if values != sorted(values) or any(v <= 0 for v in values):
+        raise ConfigError("lr_milestones", f"must be positive and increasing, got {text!r}")
+    return values
+
+
+def lr_factor(p: Plan, update: int) -> float:
+    """The learning rate of update ``update`` (0-based) as a multiple of the peak ``--lr``."""
+    if p.schedule == "onecycle":
+        return _onecycle(p, update)
+    if update < p.warmup:
+        return (update + 1) / p.warmup      # linear warm-up, reaching the peak at the last warm-up update
+    span = max(p.total - p.warmup, 1)
+    done = min(update - p.warmup, span)
+    if p.schedule == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * done / span))
+    if p.schedule == "linear":
+        return 1.0 - done / span
+    if p.schedule in ("step", "multistep"):
+        return p.gamma ** sum(1 for m in p.milestones if update >= m)
+    return 1.0
+
+
+def _onecycle(p: Plan, update: int) -> float:
+    """torch's OneCycleLR (cosine phases, its defaults) as a factor; the warm-up sets the rising phase."""
+    pct = p.warmup / p.total if p.warmup else ONECYCLE_PCT
+    start, low = 1.0 / ONECYCLE_DIV, 1.0 / ONECYCLE_DIV / ONECYCLE_FINAL_DIV
+    rise_end, end = pct * p.total - 1, p.total - 1
+    update = min(update, end)
+
+    def anneal(a, b, frac):
+        return b + (a - b) / 2.0 * (math.cos(math.pi * frac) + 1)
+    if update <= rise_end:
+        return anneal(start, 1.0, update / rise_end if rise_end > 0 else 1.0)
+    return anneal(1.0, low, (update - rise_end) / (end - rise_end) if end > rise_end else 1.0)
+
+
+class Schedule:
+    """The learning rate over optimizer updates: a LambdaLR stepped by the optimizer's own ``step``.
+
+    ``lr(update)`` answers without the optimizer (a parameter-server worker never steps its own
+    optimizer: its servers do), so tracking reads the same curve on every rank.
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, p: Plan):
+        self.plan, self.optimizer = p, optimizer
+        self.peak = [g["lr"] for g in optimizer.param_groups]
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda u: lr_factor(p, u))
+        # after each real update (not a GradScaler's skipped one), the next update's lr
+        self._handle = optimizer.register_step_post_hook(lambda *_: self.scheduler.step())
+
+    def lr(self, update: int) -> float:
+        return self.peak[0] * lr_factor(self.plan, update)
+
+    def jump_to(self, update: int) -> None:
+        """Resume: the lr of update ``update`` (after a checkpoint restored the optimizer)."""
+        self.scheduler.last_epoch = update
+        for group, peak in zip(self.optimizer.param_groups, self.peak):
+            group["lr"] = peak * lr_factor(self.plan, update)
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+
+def clip_gradients(optimizer: torch.optim.Optimizer, max_norm: float):
+    """Clip the gradients of ``optimizer``'s parameters to total norm ``max_norm`` just before each of its steps.
+
+    A pre-hook on ``step`` sees the gradients DDP has averaged, after a GradScaler's unscale, and
+    on a parameter server the workers' mean (the global norm with one server; with several, each
+    server clips its own shard). Returns the hook's handle.
+    """
+    def clip(opt, _args, _kwargs):
+        params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
+        if params:
+            torch.nn.utils.clip_grad_norm_(params, max_norm)
+    return optimizer.register_step_pre_hook(clip)
+
+
+def loss_function(task: str, label_smoothing: float = 0.0):
+    """Cross-entropy (with ``label_smoothing``) for classification, mean squared error otherwise."""
+    import torch.nn.functional as F
+    if task == "classification":
+        if label_smoothing:
+            return lambda out, y: F.cross_entropy(out, y, label_smoothing=label_smoothing)
+        return F.cross_entropy
+    return F.mse_loss

@@ -18,6 +18,10 @@ _PUBLIC = {
     "Callback": "ddtrain.training.callbacks",
     "fit": "ddtrain.training.loop",
     "prepare": "ddtrain.training.prepare",
+    "prepare_loader": "ddtrain.training.prepare",
+    "unwrap": "ddtrain.training.prepare",
+    "all_reduce_metric": "ddtrain.training.metrics",
+    "gather_for_metrics": "ddtrain.training.metrics",
     **{name: "ddtrain.dist.runtime" for name in ("backend", "device", "init", "is_distributed", "local_rank",
                                                  "local_world_size", "print0", "rank", "shutdown", "world_size")},
 }

@@ -24,8 +24,9 @@ def user_script(strategy):
     data = TensorDataset(torch.randn(96, 8, generator=torch.Generator().manual_seed(1)),
                          torch.randint(0, 2, (96,), generator=torch.Generator().manual_seed(2)))
     try:
+        options = {"sync_every": 5} if STRATEGIES[strategy].periodic else {}   # others refuse it
         model, optimizer, loader = ddtrain.prepare(model, optimizer, DataLoader(data, batch_size=8),
-                                                   strategy=strategy, sync_every=5)
+                                                   strategy=strategy, **options)
     except SystemExit as exc:        # a server rank: prepare served, then ended the process
         return "server", exc.code
     for _ in range(2):
@@ -35,8 +36,7 @@ def user_script(strategy):
             loss.backward()
             optimizer.step()
     ddtrain.shutdown()
-    module = model.module if hasattr(model, "module") else model
-    return "worker", [p.detach().clone() for p in module.parameters()]
+    return "worker", [p.detach().clone() for p in model.module.parameters()]
 
 
 def test_shutdown_finishes_the_strategies_that_need_it():

@@ -19,7 +19,7 @@ from functools import partial
 import torch.distributed as dist
 
 from ddtrain.dist import runtime
-from ddtrain.errors import choice_error
+from ddtrain.errors import DDTrainError, choice_error
 from ddtrain.sync.allreduce import AllReduceStrategy
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats, single_process
 from ddtrain.sync.ddp import DDPStrategy
@@ -44,14 +44,18 @@ for _spec in (
                    summary=f"DDP with ddtrain's {name} all-reduce as its communication hook")
       for name in ("ring", "ring-async", "tree", "butterfly", "central")),
     StrategySpec(name="ps-sync", build=partial(build_param_server, asynchronous=False), uses_servers=True,
+                 options=("servers", "timeout_s"),
                  replicated=False, checkpointable=False, algorithm="central",  # the master pattern over workers + servers
                  summary="parameter servers on the last --servers ranks; each step waits for every worker"),
     StrategySpec(name="ps-async", build=partial(build_param_server, asynchronous=True), uses_servers=True,
+                 options=("servers", "staleness", "timeout_s"),
                  replicated=False, checkpointable=False, synchronous=False,
                  summary="parameter servers applying each gradient as it arrives (--staleness bounds the lag)"),
     StrategySpec(name="hybrid", build=HybridStrategy, replicated=False, sync_in_backward=True, periodic=True,
+                 options=("sync_every",),
                  algorithm="ring", summary="ring all-reduce every step + rank 0's broadcast every --sync-every steps (000 ch. 5)"),
     StrategySpec(name="local-sgd", build=LocalSGDStrategy, replicated=False, periodic=True, synchronous=False,
+                 options=("sync_every",),
                  summary="local steps; parameters averaged every --sync-every steps"),
 ):
     register_strategy(_spec)
@@ -67,8 +71,14 @@ def strategy_spec(name: str) -> StrategySpec:
 def wrap(strategy: str, model, optimizer, options: SyncOptions | None = None) -> Strategy:
     """Apply ``strategy`` to a model already on its device and an optimizer over its parameters."""
     spec = strategy_spec(strategy)
+    options = options or SyncOptions()
+    if options.sync_batchnorm and not spec.sync_in_backward:
+        # SyncBatchNorm all-reduces statistics inside forward, in step with DDP's gradient sync;
+        # replicas that step apart (local SGD) or workers whose sync is the servers' have no such step
+        raise DDTrainError(f"sync_batchnorm=True is not supported with strategy {strategy!r}: it needs a "
+                           f"DDP-based strategy ({', '.join(n for n, s in STRATEGIES.items() if s.sync_in_backward)})")
     if dist.is_initialized() and dist.get_world_size() > 1:
-        applied = spec.build(model, optimizer, options or SyncOptions())
+        applied = spec.build(model, optimizer, options)
     else:
         applied = single_process(model, optimizer)
     applied.spec = spec

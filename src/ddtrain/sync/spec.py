@@ -10,6 +10,11 @@ from dataclasses import dataclass
 from typing import Callable
 
 
+# SyncOptions fields that only some strategies read (their specs list them in ``options``); the
+# rest (the DDP options, check_every) are accepted by every strategy.
+STRATEGY_SPECIFIC = frozenset({"sync_every", "servers", "staleness", "timeout_s"})
+
+
 @dataclass(frozen=True, kw_only=True)
 class StrategySpec:
     """One synchronisation strategy, as every other package sees it."""
@@ -24,6 +29,11 @@ class StrategySpec:
     synchronous: bool = True        # R ranks x batch B take the steps of one process with batch R*B
     periodic: bool = False          # reads --sync-every (steps between parameter syncs)
     algorithm: str | None = None    # the ddtrain.comm algorithm whose cost model predicts its gradient sync
+    options: tuple[str, ...] = ()   # the strategy-specific SyncOptions fields it reads (others refuse them)
+
+    def takes_option(self, name: str) -> bool:
+        """Does this strategy read SyncOptions field ``name``? (Fields no strategy claims are read by all.)"""
+        return name in self.options or name not in STRATEGY_SPECIFIC
 
     def extra_ranks(self, servers: int) -> int:
         """Ranks the strategy needs besides the workers (parameter servers)."""

@@ -1,87 +1,116 @@
-"""The minimal-change path: three objects in, the same three out, ready for data-parallel training.
+"""The minimal-change path: the user's model, optimizer(s) and loaders in, PyTorch's own kinds of objects out.
 
-    model, optimizer, loader = ddtrain.training.prepare(model, optimizer, loader, strategy="ring")
+    model, optimizer, train_loader, test_loader = ddtrain.prepare(model, optimizer, train_loader, test_loader,
+                                                                  strategy="ring")
 
-The model comes back on this rank's device and wrapped by the strategy; the optimizer's
-``step()`` also runs the strategy's per-step synchronisation; the loader yields this rank's
-disjoint shard of every epoch (reshuffled each time it is iterated, with a seed all ranks
-share), already on the device. Parameter-server ranks never return: they serve the workers
-until training ends and then exit the process.
+- the model: a ``PreparedModel`` for every strategy and world size, with ``.module``,
+  ``no_sync()`` and the bare model's ``state_dict()`` keys (``prepared_model``);
+- the optimizer (or a list of them): an instance of a subclass of the user's optimizer class
+  whose ``step()`` also runs the strategy (``prepared_optimizer``), so schedulers accept it;
+- the loaders: DataLoaders over this rank's share, batches on the device (``prepared_loader``);
+  the first is the training loader, the others evaluation loaders (nothing dropped).
+
+``prepare`` may be called once per model (a GAN's generator and discriminator). Parameter-server
+ranks serve inside ``prepare`` and then leave the process (their strategy's documented exit).
 """
 from __future__ import annotations
 
+import dataclasses
 import sys
 
 import torch
 from torch.utils.data import DataLoader
 
 from ddtrain.dist import runtime
-from ddtrain.data.loading import ShardLoader
-from ddtrain.data.sharding import ShardSampler
 from ddtrain.errors import DDTrainError
-from ddtrain.sync import SyncOptions, wrap
+from ddtrain.sync import SyncOptions, strategy_spec, wrap
+from ddtrain.sync.spec import STRATEGY_SPECIFIC
+from ddtrain.training.metrics import Placement
+from ddtrain.training.prepared_loader import PreparedLoader
+from ddtrain.training.prepared_model import PreparedModel, unwrap
+from ddtrain.training.prepared_optimizer import StepCounter, prepare_optimizer
+
+__all__ = ["prepare", "prepare_loader", "unwrap"]
 
 
-class SyncedOptimizer:
-    """The user's optimizer, with the strategy's synchronisation after every ``step()``."""
-
-    def __init__(self, synced):
-        self._synced, self._inner, self._step = synced, synced.optimizer, 0
-
-    def step(self, *args, **kwargs):
-        result = self._inner.step(*args, **kwargs)
-        self._synced.after_step(self._step)
-        self._step += 1
-        return result
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-    @property
-    def synced(self):
-        return self._synced
-
-
-class PreparedLoader:
-    """Iterating starts the next epoch of this rank's shard."""
-
-    def __init__(self, loader: DataLoader, synced, device, seed: int):
-        if not isinstance(loader, DataLoader):
-            raise DDTrainError(f"prepare() takes a torch.utils.data.DataLoader, got {type(loader).__name__}")
-        batch = loader.batch_size
-        if batch is None:
-            raise DDTrainError("prepare() needs a DataLoader with a batch_size (not a custom batch_sampler)")
-        sampler = ShardSampler(len(loader.dataset), rank=synced.worker_rank, world_size=synced.workers,
-                               shuffle=True, seed=seed)
-        self._shard = ShardLoader(loader.dataset, sampler, batch, device, workers=loader.num_workers,
-                                  collate_fn=loader.collate_fn)
-        self._shard.fast = False  # keep the user's dataset semantics (transforms, collate)
-        self._synced, self.epoch = synced, 0
-
-    def __len__(self):
-        return len(self._shard)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch - 1
-
-    def __iter__(self):
-        self.epoch += 1
-        self._shard.set_epoch(self.epoch)
-        yield from self._shard
-        self._synced.end_epoch(self.epoch)
+def sync_options(strategy: str, options: dict) -> SyncOptions:
+    """``options`` as SyncOptions, refusing names that are no option or that ``strategy`` does not read."""
+    spec = strategy_spec(strategy)
+    options = dict(options)
+    if "broadcast_buffers" in options:       # DDP's spelling; the CLI switch is --no-broadcast-buffers
+        options["no_broadcast_buffers"] = not options.pop("broadcast_buffers")
+    valid = {f.name for f in dataclasses.fields(SyncOptions)}
+    for name in options:
+        if name not in valid:
+            raise DDTrainError(f"prepare(): unknown option {name}=; valid: broadcast_buffers, "
+                               f"{', '.join(sorted(valid - {'no_broadcast_buffers'}))}")
+        if name in STRATEGY_SPECIFIC and not spec.takes_option(name):
+            from ddtrain.sync import STRATEGIES
+            readers = [other.name for other in STRATEGIES.values() if name in other.options]
+            raise DDTrainError(f"prepare(): option {name}= is not read by strategy {strategy!r} "
+                               f"(only by {', '.join(readers)}); remove it or choose one of those strategies")
+    try:
+        return SyncOptions(**options)
+    except ValueError as exc:                # SyncOptions says "<field> <problem>"
+        raise DDTrainError(f"prepare(): option {exc}") from None
 
 
-def prepare(model: torch.nn.Module, optimizer, loader: DataLoader | None = None, *,
-            strategy: str = "ddp", seed: int = 0, **options):
-    """Return ``(model, optimizer, loader)`` set up for ``strategy`` on this rank (see module doc)."""
+def _check_optimizers(model: torch.nn.Module, optimizers: list) -> None:
+    """Every parameter an optimizer updates must be one of ``model``'s (else its steps change nothing the strategy syncs)."""
+    owned = {id(p) for p in model.parameters()}
+    for index, optimizer in enumerate(optimizers):
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise DDTrainError(f"prepare(): optimizer must be a torch.optim.Optimizer (or a list of them), "
+                               f"got {type(optimizer).__name__}")
+        foreign = sum(1 for group in optimizer.param_groups for p in group["params"] if id(p) not in owned)
+        if foreign:
+            where = "optimizer" if len(optimizers) == 1 else f"optimizer[{index}]"
+            raise DDTrainError(f"prepare(): {where} updates {foreign} tensor(s) that are not parameters of the model "
+                               f"passed with it; create the optimizer from this model's parameters "
+                               f"(model.parameters()), after any layer replacement")
+
+
+def prepare_loader(loader: DataLoader, *, training: bool = False, seed: int = 0) -> PreparedLoader:
+    """A loader prepared on its own (an evaluation loader by default), sharded among the training ranks."""
     runtime.init()
+    prepared_before = Placement.workers is not None
+    return PreparedLoader(loader, rank=Placement.worker_rank if prepared_before else runtime.rank(),
+                          world_size=Placement.workers if prepared_before else runtime.world_size(),
+                          device=runtime.device(), seed=seed, training=training)
+
+
+def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strategy: str = "ddp", seed: int = 0,
+            **options):
+    """``(model, optimizer, *loaders)`` set up for ``strategy`` on this rank (see the module doc).
+
+    ``optimizer``: one optimizer, a list of them (returned as a list), or None. ``seed``: the
+    seed every rank shares for the loaders' shuffles. ``options``: SyncOptions fields
+    (``find_unused_parameters=True``, ``sync_every=4``, ``servers=2``...) and ``broadcast_buffers``.
+    Without loaders the third value is None (``model, optimizer, _ = prepare(model, optimizer)``).
+    """
+    runtime.init()
+    settings = sync_options(strategy, options)
+    optimizers = [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
+    if isinstance(model, PreparedModel):
+        raise DDTrainError("prepare(): the model was already prepared; pass the bare model (ddtrain.unwrap(model))")
+    _check_optimizers(model, optimizers)
+    for loader in loaders:
+        if loader is not None and not isinstance(loader, DataLoader):
+            raise DDTrainError(f"prepare(): loaders must be torch.utils.data.DataLoader, got {type(loader).__name__}")
     device = runtime.device()
-    model.to(device)
-    synced = wrap(strategy, model, optimizer, SyncOptions(**options))
+    model.to(device)                  # in place: the optimizers' parameters stay the model's
+    synced = wrap(strategy, model, optimizers[0] if len(optimizers) == 1 else optimizers or None, settings)
     if synced.role == "server":
         synced.serve()
         synced.finish()
         runtime.shutdown()
         sys.exit(0)
-    prepared = PreparedLoader(loader, synced, device, seed) if loader is not None else None
-    return synced.model, SyncedOptimizer(synced), prepared
+    Placement.group, Placement.workers, Placement.worker_rank = synced.group, synced.workers, synced.worker_rank
+    counter = StepCounter(synced, len(optimizers))
+    prepared = [prepare_optimizer(opt, counter, index) for index, opt in enumerate(optimizers)]
+    prepared_optimizer = (prepared if isinstance(optimizer, (list, tuple)) else prepared[0]) if prepared else None
+    prepared_loaders = [None if loader is None else
+                        PreparedLoader(loader, rank=synced.worker_rank, world_size=synced.workers, device=device,
+                                       seed=seed, training=index == 0, strategy=synced)
+                        for index, loader in enumerate(loaders)] or [None]
+    return (PreparedModel(model, synced), prepared_optimizer, *prepared_loaders)

@@ -1,0 +1,71 @@
+"""The model ``prepare`` returns: one wrapper kind for every strategy and world size.
+
+``PreparedModel`` holds the user's model as ``.module`` (as DDP does) and calls it through the
+strategy (DDP with or without a communication hook, or the bare model where a strategy
+communicates elsewhere or the world size is 1). Its ``state_dict()`` is the bare model's, so
+checkpoint keys never depend on strategy or world size, and ``load_state_dict`` also takes a
+checkpoint saved from a plain DDP model (keys prefixed ``module.``). Attributes it does not
+have are looked up on ``.module`` (``model.fc`` keeps working after ``prepare``).
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
+
+
+class PreparedModel(nn.Module):
+    """``module``: the user's model; ``strategy``: the ddtrain.sync Strategy applied to it."""
+
+    def __init__(self, module: nn.Module, strategy):
+        super().__init__()
+        self.module = module
+        # not registered as submodules: ``parameters()``/``modules()`` see the user's model once
+        object.__setattr__(self, "strategy", strategy)
+        object.__setattr__(self, "_runner", strategy.model)
+        self.training = module.training     # as the user left it (no recursive train(), which would reset submodules)
+
+    def forward(self, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            # evaluation (no_grad/inference_mode): nothing to synchronise, so no collective runs,
+            # and evaluation loaders may give the ranks different numbers of batches
+            return self.module(*args, **kwargs)
+        return self._runner(*args, **kwargs)
+
+    def no_sync(self):
+        """Accumulate gradients without communicating, for every strategy (``Strategy.no_sync``)."""
+        return self.strategy.no_sync()
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        if self._runner is not self.module:
+            self._runner.train(mode)     # DDP's own flag, which it reads in forward
+        return self
+
+    def state_dict(self, *args, **kwargs):
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        if state_dict and all(key.startswith("module.") for key in state_dict):
+            state_dict = dict(state_dict)
+            consume_prefix_in_state_dict_if_present(state_dict, "module.")   # saved from plain DDP
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    def __getattr__(self, name: str):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            if name == "module":
+                raise
+            return getattr(self._modules["module"], name)
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The user's bare model inside ``model``: through PreparedModel, DDP and ``torch.compile``'s wrappers."""
+    while True:
+        if isinstance(model, (PreparedModel, nn.parallel.DistributedDataParallel, nn.DataParallel)):
+            model = model.module
+        elif hasattr(model, "_orig_mod") and isinstance(model._orig_mod, nn.Module):  # torch.compile
+            model = model._orig_mod
+        else:
+            return model

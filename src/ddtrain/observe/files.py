@@ -80,14 +80,23 @@ def check_writable(path, flag: str) -> None:
         raise DDTrainError(f"{flag} {path!r}: cannot write in {parent}")
 
 
-def write_json(path, data: dict) -> Path:
-    """Write ``data`` as strict JSON: non-finite floats become null (see ``jsonable``)."""
+def write_json(path, data: dict, *, what: str = "the results record") -> Path:
+    """Write ``data`` as strict JSON: non-finite floats become null (see ``jsonable``).
+
+    A write that fails (a full disk) is kept elsewhere with a warning naming where, so that the
+    run goes on to save its model (``_or_rescue``); the old file, if any, stays as it was.
+    """
     text = json.dumps(jsonable(data), indent=2, allow_nan=False) + "\n"
 
     def write(tmp):
         with open(tmp, "w") as f:
             f.write(text)
-    return atomic_write(path, write)
+    try:
+        return _or_rescue(path, write, what, None)
+    except _Rescued as rescued:
+        import sys
+        print(f"ddtrain: warning: {rescued}", file=sys.stderr, flush=True)
+        return rescued.path
 
 
 def jsonable(value):
@@ -133,5 +142,56 @@ def save_model(module: torch.nn.Module, path: str | os.PathLike) -> Path:
             from ddtrain.errors import DDTrainError
             raise DDTrainError("saving .safetensors needs the safetensors package: "
                                "pip install 'ddtrain[safetensors]' (or save to a .pt file)") from None
-        return atomic_write(path, lambda tmp: save_file(state, tmp))
-    return atomic_write(path, lambda tmp: torch.save(state, tmp))
+        write = lambda tmp: save_file(state, tmp)  # noqa: E731
+    else:
+        write = lambda tmp: torch.save(state, tmp)  # noqa: E731
+    try:
+        return _or_rescue(path, write, "the trained model", "--save")
+    except _Rescued as rescued:  # kept, but not where asked: the run did not do what it was told
+        from ddtrain.errors import DDTrainError
+        raise DDTrainError(str(rescued)) from None
+
+
+class _Rescued(Exception):
+    """Written elsewhere than asked (``path``); the message says why and where."""
+
+    def __init__(self, message: str, path: Path):
+        super().__init__(message)
+        self.path = path
+
+
+def _or_rescue(path, write, what: str, flag: str | None) -> Path:
+    """``atomic_write``, and when that fails (a full disk, a lost mount) the same bytes written elsewhere.
+
+    Trained weights are the one thing a run cannot give back: they go to the system's temporary
+    folder, then the working directory, and the error says where they are.
+    """
+    from ddtrain.errors import DDTrainError
+    try:
+        return atomic_write(path, write)
+    except (OSError, RuntimeError) as exc:  # torch.save reports a full disk as RuntimeError ("enforce fail")
+        why = _why(exc)
+    target = Path(path)
+    tried = []
+    for folder in (Path(tempfile.gettempdir()), Path.cwd()):
+        rescue = folder / f"ddtrain-rescued-{os.getpid()}-{target.name}"
+        try:
+            atomic_write(rescue, write)
+        except (OSError, RuntimeError) as exc:
+            tried.append(f"{rescue} ({_why(exc)})")
+            continue
+        named = f"{flag} {path}" if flag else str(path)
+        raise _Rescued(f"{named}: could not write {what} ({why}); it was saved to {rescue} instead: "
+                       f"move it where you want it (mv {rescue} {path})", rescue)
+    raise DDTrainError(f"{f'{flag} ' if flag else ''}{path}: could not write {what} ({why}), nor anywhere else ({'; '.join(tried)}); "
+                       "it is lost unless --checkpoint-dir was given (its last checkpoint holds the final state)")
+
+
+def _why(exc: BaseException) -> str:
+    import errno as errno_
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.strerror or errno_.errorcode.get(exc.errno, str(exc))
+    text = str(exc)
+    if "enforce fail" in text or "unexpected pos" in text or "file write failed" in text:
+        return "the write failed, most likely a full disk"
+    return (text.splitlines() or [type(exc).__name__])[0][:160]

@@ -18,6 +18,7 @@ import json
 import os
 import random
 import re
+import sys
 import time
 from pathlib import Path
 
@@ -27,8 +28,8 @@ import torch.distributed as dist
 from ddtrain.dist import runtime
 from ddtrain.errors import DDTrainError
 from ddtrain.observe import files
-from ddtrain.reliability import stall
-from ddtrain.reliability.consistency import check_resumable
+from ddtrain.reliability import ownership, stall
+from ddtrain.reliability.consistency import PeerStopped, check_resumable
 
 MAGIC = b"DDTRAIN-CHECKPOINT 1\n"
 FORMAT = 1
@@ -155,18 +156,29 @@ def rotate(directory, keep: int) -> list[Path]:
 
 
 def check_dir(config, fingerprint: dict) -> None:
-    """Before any worker starts: --checkpoint-dir usable, and --resume has something that fits to resume."""
+    """Before any worker starts: --checkpoint-dir usable and ours alone, and --resume has something of ours that fits.
+
+    The launching process takes the directory's lock here and holds it until it exits (the
+    workers it starts belong to the same run); a directory another run holds is refused.
+    """
     directory = config.reliability.checkpoint_dir
     if not directory:
         return
     if Path(directory).exists() and not Path(directory).is_dir():
-        raise DDTrainError(f"--checkpoint-dir {directory!r} is a file, not a directory")
+        raise DDTrainError(f"--checkpoint-dir '{directory}' is a file, not a directory")
     files.check_writable(Path(directory) / "ckpt", "--checkpoint-dir")
+    previous = ownership.claim(directory, "launcher")
+    import atexit
+    atexit.register(ownership.release, directory, "launcher")
+    if previous:
+        print(f"ddtrain: note: --checkpoint-dir {directory} was held by {ownership.describe(previous)}, which ended "
+              "without releasing it; this run takes it over", file=sys.stderr, flush=True)
     found = listing(directory)
     if not config.reliability.resume:
         if found:
             raise DDTrainError(f"--checkpoint-dir {directory} already holds checkpoints (newest: {found[0][1].name}); "
                                "pass --resume to continue from it, or choose an empty directory")
+        ownership.start_lineage(directory)
         return
     if not found:
         raise DDTrainError(f"--resume: no checkpoint in {directory}")
@@ -178,6 +190,13 @@ def check_dir(config, fingerprint: dict) -> None:
             damaged.append(f"{path.name} ({exc})")
             continue
         check_resumable(header, fingerprint, path)
+        ownership.ensure_lineage(directory)
+        theirs = ownership.check_lineage(header, directory, path, resume_any=config.reliability.resume_any)
+        if theirs:
+            ownership.start_lineage(directory, theirs, origin=header.get("run"))
+            print(f"ddtrain: note: --resume-any: continuing from {path}, written by run "
+                  f"{header['run'].get('run_id', '?')}; this directory now follows its lineage {theirs}",
+                  file=sys.stderr, flush=True)
         return
     raise DDTrainError(f"--resume: every checkpoint in {directory} is damaged: {'; '.join(damaged)}")
 
@@ -263,7 +282,7 @@ def restore(directory, *, required: bool, warn, check=None):
             if found is not None:
                 path, header, payload = found
                 if check:
-                    check(header)
+                    check({**header, "path": str(path)})
                 ranks = payload["ranks"]
                 verdict = {"path": str(path), "header": header}
                 parts = [(payload["shared"], part) for part in ranks]
@@ -314,15 +333,44 @@ class Checkpointer:
         self.step, self.epoch = 0, 1            # where the loop starts
         self._skip, self._part = 0, None        # steps of self.epoch already trained, and this rank's part
         self._meter, self._epoch_now, self._rng_epoch, self._epoch_t0 = None, 1, None, time.perf_counter()
+        self.resume_any, self._final = getattr(options, "resume_any", False), False
+
+    def claim(self) -> None:
+        """Collective: rank 0 takes the directory's lock (refused, on every rank, if another run holds it)."""
+        verdict = None
+        if runtime.rank() == 0:
+            try:
+                previous = ownership.claim(self.directory, "rank0")
+                if previous:
+                    runtime.eprint(f"ddtrain: note: --checkpoint-dir {self.directory} was held by "
+                                   f"{ownership.describe(previous)}, which ended without releasing it; taken over")
+                ownership.ensure_lineage(self.directory)
+            except (DDTrainError, OSError) as exc:
+                verdict = str(exc) if isinstance(exc, DDTrainError) else \
+                    f"--checkpoint-dir {self.directory}: cannot take its lock ({exc.strerror or exc})"
+        if _distributed():
+            box = [verdict]
+            dist.broadcast_object_list(box, src=0)
+            verdict = box[0]
+        if verdict is not None:
+            raise (DDTrainError if runtime.rank() == 0 else PeerStopped)(verdict)
+
+    def _check(self, header: dict) -> None:
+        check_resumable(header, self.fingerprint, self.directory)
+        theirs = ownership.check_lineage(header, self.directory, header.get("path", self.directory),
+                                         resume_any=self.resume_any)
+        if theirs:
+            ownership.start_lineage(self.directory, theirs, origin=header.get("run"))
 
     def resume(self) -> None:
-        """Load the newest whole checkpoint when ``resume`` is set or torchrun restarted us."""
+        """Take the directory; load the newest whole checkpoint when ``resume`` is set or torchrun restarted us."""
+        self.claim()
         attempt = self.info["attempt"]
         if not (self.resume_asked or attempt > 0):
             return
         got = restore(self.directory, required=self.resume_asked,
                       warn=lambda message: runtime.eprint(f"ddtrain: warning: {message}"),
-                      check=lambda h: check_resumable(h, self.fingerprint, self.directory))
+                      check=self._check)
         if got is None:
             runtime.print0(f"restart {attempt}: no checkpoint in {self.directory} yet, starting from step 0")
             return
@@ -366,9 +414,10 @@ class Checkpointer:
 
     def due(self, step: int, end_of_epoch: bool) -> bool:
         """The same steps on every rank: every ``checkpoint_every`` steps (else each epoch's end) and the last."""
+        self._final = bool(self.max_steps and step >= self.max_steps) or (end_of_epoch and self._epoch_now >= self.epochs)
         if self.every and step % self.every == 0 or not self.every and end_of_epoch:
             return True
-        return bool(self.max_steps and step >= self.max_steps) or (end_of_epoch and self._epoch_now >= self.epochs)
+        return self._final
 
     def save(self, step: int, steps_done: int) -> None:
         """Collective: the state after ``step`` (``steps_done`` of them in this epoch), written by rank 0."""
@@ -381,10 +430,12 @@ class Checkpointer:
         if not replicated:
             part.update(state)
         header = {"step": step, "epoch": self._epoch_now, "step_in_epoch": steps_done,
-                  "strategy": self.strategy_name,
+                  "strategy": self.strategy_name, "run": ownership.tag(self.directory) if runtime.rank() == 0 else None,
                   "fingerprint": self.fingerprint, "epochs_done": self.record["epochs"]}
         path = save(self.directory, step, header, part, state if replicated and runtime.rank() == 0 else None,
                     keep=self.keep)
         self.info["checkpoints_written"] += 1
         if path is not None:
             self.info["last_checkpoint"] = str(path)
+        if self._final and runtime.rank() == 0:  # nothing more goes into the directory: let the next run in
+            ownership.release(self.directory, "rank0")

@@ -44,9 +44,10 @@ def validate(config: TrainConfig, workers: int) -> None:
     if config.batch_size > per_rank:
         raise DDTrainError(f"--batch-size {config.batch_size} is larger than a rank's shard: {len(data.train)} "
                            f"training samples over {workers} worker(s) is {per_rank} each")
-    from ddtrain.reliability import checkpoint
+    from ddtrain.reliability import checkpoint, outputs
     from ddtrain.reliability import consistency
     from ddtrain.observe import files
     for flag, path in (("--out", config.out), ("--save", config.save)):
         files.check_writable(path, flag)
+    outputs.check(config)  # no output over an input, inside the data set, or over another output
     checkpoint.check_dir(config, consistency.fingerprint(config, model, data, workers))

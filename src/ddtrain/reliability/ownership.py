@@ -1,0 +1,214 @@
+"""One run per checkpoint directory: a lock naming its owner, and the lineage every checkpoint belongs to.
+
+Two lock files in the directory, each held with ``fcntl.flock`` for the life of its process
+(the kernel drops the lock when the process ends, however it ends, so a dead run's lock is
+free by itself): ``.ddtrain-lock`` by the launching process (``ddtrain train --nproc``) and
+``.ddtrain-lock-rank0`` by the worker that writes the checkpoints. Each names its holder (run
+id, host, pid, start time, command). A process of another run finds either held and is refused
+with that name; the processes of one run (the launcher, its workers, torchrun's restarts of them)
+share the run id ``DDTRAIN_RUN_ID``, which the first of them sets and the others inherit.
+``.ddtrain-lineage`` names the run that started the directory; every checkpoint records it,
+and ``--resume`` continues only from checkpoints of that lineage unless ``--resume-any`` says so.
+"""
+from __future__ import annotations
+
+import errno
+import json
+import os
+import socket
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from ddtrain.errors import DDTrainError
+
+RUN_ID_ENV = "DDTRAIN_RUN_ID"
+LOCKS = {"launcher": ".ddtrain-lock", "rank0": ".ddtrain-lock-rank0"}
+LINEAGE = ".ddtrain-lineage"
+
+_held: dict[str, int] = {}   # lock path -> open descriptor holding its flock, for this process's life
+
+
+class DirectoryInUse(DDTrainError):
+    """Another run holds the checkpoint directory; the message names it."""
+
+
+def run_id() -> str:
+    """This run's identity: ``DDTRAIN_RUN_ID`` if set (by the launching process), else a new one, exported."""
+    rid = os.environ.get(RUN_ID_ENV, "").strip()
+    if not rid:
+        rid = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
+        os.environ[RUN_ID_ENV] = rid  # workers and torchrun's restarts of them inherit it: the same run
+    return rid
+
+
+def _owner_record(role: str) -> dict:
+    command = " ".join(["ddtrain", *sys.argv[1:]])
+    return {"run_id": run_id(), "role": role, "host": socket.gethostname(), "pid": os.getpid(),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+            "command": command if len(command) <= 200 else command[:197] + "..."}
+
+
+def _read(fd: int) -> dict | None:
+    try:
+        text = os.pread(fd, 1 << 16, 0).decode("utf-8", "replace")
+        record = json.loads(text) if text.strip() else None
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _pid_alive(pid) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except (PermissionError, ValueError, TypeError, OverflowError):
+        return True  # someone else's process, or a record we cannot read: assume alive
+    return True
+
+
+def describe(owner: dict) -> str:
+    who = "its launching process" if owner.get("role") == "launcher" else "its rank 0 worker"
+    return (f"run {owner.get('run_id', '?')} ({who}, pid {owner.get('pid', '?')} on host {owner.get('host', '?')}, "
+            f"started {owner.get('started', '?')}: {owner.get('command', '?')})")
+
+
+def _in_use(directory, owner: dict) -> DirectoryInUse:
+    return DirectoryInUse(f"--checkpoint-dir {directory} is in use by {describe(owner)}; wait for that run to end "
+                          f"(or stop it: kill {owner.get('pid', '?')}), or choose another --checkpoint-dir")
+
+
+def _try_lock(fd: int) -> bool | None:
+    """True if this descriptor now holds the flock, False if another holds it, None if the filesystem has no flock."""
+    import fcntl
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError as exc:
+        if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            return False
+        return None  # ENOLCK, EOPNOTSUPP (some network filesystems): judge by the recorded pid instead
+
+
+def _holder(path: Path) -> dict | None:
+    """The record of the live process holding ``path`` (None if free). Leaves it free."""
+    if str(path) in _held or not path.exists():
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        got = _try_lock(fd)
+        owner = _read(fd)
+        if got is None:  # no flock here: a record on this host with a live pid is a holder
+            alive = owner and not owner.get("released") and (owner.get("host") != socket.gethostname()
+                                                             or _pid_alive(owner.get("pid")))
+            return owner if alive else None
+        return None if got else (owner or {"run_id": "?", "pid": "?", "host": "?"})
+    finally:
+        os.close(fd)  # closing drops a flock we took only to test
+
+
+def claim(directory, role: str) -> dict | None:
+    """Hold ``directory``'s lock for ``role`` ("launcher" or "rank0") until this process ends or ``release``.
+
+    Raises DirectoryInUse naming the owner when a process of another run holds either lock.
+    Returns the record of a previous holder that ended without releasing it (a crashed run,
+    whose lock is taken over), else None.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    me = run_id()
+    for name in LOCKS.values():
+        owner = _holder(directory / name)
+        if owner is not None and owner.get("run_id") != me:
+            raise _in_use(directory, owner)
+    path = directory / LOCKS[role]
+    if str(path) in _held:
+        return None
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    got = _try_lock(fd)
+    previous = _read(fd)
+    if got is False:
+        os.close(fd)
+        if previous and previous.get("run_id") == me:
+            return None  # another process of this run holds it (a restart racing its predecessor's exit)
+        raise _in_use(directory, previous or {})
+    record = json.dumps(_owner_record(role)).encode()
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, record, 0)
+    _held[str(path)] = fd
+    if previous and not previous.get("released") and previous.get("run_id") != me:
+        return previous
+    return None
+
+
+def release(directory, role: str) -> None:
+    """Mark ``role``'s lock on ``directory`` released and drop it (the process ending drops it too)."""
+    path = Path(directory) / LOCKS[role]
+    fd = _held.pop(str(path), None)
+    if fd is None:
+        return
+    try:
+        owner = _read(fd) or {}
+        record = json.dumps({**owner, "released": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())}).encode()
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, record, 0)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# ---- lineage --------------------------------------------------------------------------------
+
+def lineage(directory) -> dict | None:
+    """The directory's lineage record ({"lineage", "started", "host", "command"}), or None if it has none."""
+    try:
+        record = json.loads((Path(directory) / LINEAGE).read_text())
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("lineage"), str) else None
+
+
+def start_lineage(directory, lineage_id: str | None = None, *, origin: dict | None = None) -> dict:
+    """Name the directory's lineage: this run's id (a new directory), or the one ``--resume-any`` adopts."""
+    from ddtrain.observe import files
+    owner = _owner_record("launcher")
+    record = {"lineage": lineage_id or owner["run_id"], "started": owner["started"], "host": owner["host"],
+              "command": owner["command"], **({"adopted_from": origin} if origin else {})}
+    text = json.dumps(record, indent=2) + "\n"
+    files.atomic_write(Path(directory) / LINEAGE, lambda tmp: Path(tmp).write_text(text))
+    return record
+
+
+def ensure_lineage(directory) -> dict:
+    return lineage(directory) or start_lineage(directory)
+
+
+def tag(directory) -> dict:
+    """What every checkpoint header records about the run that wrote it."""
+    return {"lineage": (lineage(directory) or {}).get("lineage"), "run_id": run_id(), "host": socket.gethostname(),
+            "pid": os.getpid()}
+
+
+def check_lineage(header: dict, directory, path, *, resume_any: bool) -> str | None:
+    """Raise unless the checkpoint ``path`` (its ``header``) belongs to ``directory``'s lineage.
+
+    Returns the checkpoint's lineage when ``resume_any`` lets a foreign one through (the caller
+    adopts it), else None. Checkpoints written before lineages existed carry none and pass.
+    """
+    theirs = (header.get("run") or {}).get("lineage")
+    mine = (lineage(directory) or {}).get("lineage")
+    if not theirs or not mine or theirs == mine:
+        return None
+    if resume_any:
+        return theirs
+    run = header.get("run") or {}
+    raise DDTrainError(f"--resume: {path} was written by another run (lineage {theirs}, run {run.get('run_id', '?')} "
+                       f"on host {run.get('host', '?')}), not by this directory's run (lineage {mine}); continuing "
+                       "from it would mix two runs' histories. Pass --resume-any to continue from it anyway, "
+                       "or remove it")

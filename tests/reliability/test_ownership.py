@@ -1,0 +1,132 @@
+"""One run per checkpoint directory (issue 22): a second run is refused naming the owner, a dead
+run's lock is taken over, a restart of the same run is let in, every checkpoint names its run, and
+--resume continues only the directory's own lineage unless --resume-any says otherwise."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, assert_one_clear_error, ddtrain
+from ddtrain.reliability import checkpoint, ownership
+
+TRAIN = ["train", "--model", "mlp", "--data", "digits", "--nproc", "2", "--batch-size", "32", "--seed", "1",
+         "--quiet", "--model-arg", "hidden=16"]
+ONE = [*TRAIN[:6], "1", *TRAIN[7:]]  # one worker where two add nothing to what is tested
+ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
+
+
+def _env(**extra):
+    env = {**os.environ, **ENV, **extra}
+    for name in ("RANK", "WORLD_SIZE", ownership.RUN_ID_ENV):
+        env.pop(name, None)
+    return env
+
+
+def _holder(directory, role, run_id):
+    """A process of another run holding ``directory``'s ``role`` lock until killed."""
+    code = (f"import sys, time; from ddtrain.reliability import ownership; "
+            f"ownership.claim(sys.argv[1], {role!r}); print('held', flush=True); time.sleep(600)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(directory)], stdout=subprocess.PIPE, text=True,
+                            env={**_env(), ownership.RUN_ID_ENV: run_id})
+    assert proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def test_a_second_run_on_a_directory_in_use_is_refused_naming_the_owner(tmp_path):
+    """Was: both runs accepted, overwriting each other's checkpoints (both exit 0)."""
+    ck = tmp_path / "ck"
+    first = subprocess.Popen([sys.executable, "-m", "ddtrain", *TRAIN, "--epochs", "1", "--checkpoint-dir", str(ck),
+                              "--checkpoint-every", "4", "--timeout", "120"], env=_env(DDTRAIN_FAULT="rank=0,step=9,kind=hang"),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        deadline = time.time() + 90
+        while not (ck / "ckpt-00000008.pt").exists():
+            assert first.poll() is None and time.time() < deadline, first.communicate()
+            time.sleep(0.2)
+        second = ddtrain(*TRAIN, "--epochs", "1", "--checkpoint-dir", str(ck), "--resume", env=_env())
+        assert_one_clear_error(second, f"--checkpoint-dir {ck} is in use by run ", f"pid {first.pid} on host ",
+                               "its launching process", "ddtrain train --model mlp")
+        assert second.returncode == 2
+        assert sorted(p.name for _, p in checkpoint.listing(ck)) == ["ckpt-00000004.pt", "ckpt-00000008.pt"]
+    finally:
+        if first.poll() is None:
+            os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+
+
+def test_a_live_rank0_worker_of_another_run_blocks_the_directory(tmp_path):
+    """An orphaned worker still writing (its launcher gone) holds the directory: a resume must not race it."""
+    ck = tmp_path / "ck"
+    holder = _holder(ck, "rank0", "orphan-run")
+    try:
+        result = ddtrain(*ONE, "--epochs", "1", "--checkpoint-dir", str(ck), env=_env())
+        assert_one_clear_error(result, "is in use by run orphan-run (its rank 0 worker", f"pid {holder.pid}",
+                               f"kill {holder.pid}")
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_lock_of_a_dead_run_is_taken_over(tmp_path):
+    ck = tmp_path / "ck"
+    holder = _holder(ck, "launcher", "crashed-run")
+    holder.send_signal(signal.SIGKILL)
+    holder.wait()
+    result = ddtrain(*ONE, "--epochs", "1", "--steps", "6", "--checkpoint-dir", str(ck), env=_env())
+    assert result.returncode == 0, result.stderr
+    assert "was held by run crashed-run" in result.stderr and "takes it over" in result.stderr
+    assert "Traceback" not in result.stderr
+    owner = json.loads((ck / ownership.LOCKS["launcher"]).read_text())
+    assert owner["run_id"] != "crashed-run" and owner["released"]
+
+
+def test_every_checkpoint_names_its_run_and_a_foreign_lineage_needs_resume_any(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder in (a, b):
+        result = ddtrain(*ONE, "--epochs", "1", "--steps", "8", "--checkpoint-dir", str(folder),
+                         "--checkpoint-every", "4", env=_env())
+        assert result.returncode == 0, result.stderr
+    lineage_a = ownership.lineage(a)["lineage"]
+    for _, path in checkpoint.listing(a):
+        run = checkpoint.read_header(path)[0]["run"]
+        assert run["lineage"] == lineage_a and run["run_id"] == lineage_a
+    assert ownership.lineage(b)["lineage"] != lineage_a
+    # b's newest checkpoint lands in a (a copy, a sync tool, a run before locks existed)
+    shutil.copy(b / "ckpt-00000008.pt", a / "ckpt-00000012.pt")
+    result = ddtrain(*ONE, "--epochs", "1", "--steps", "16", "--checkpoint-dir", str(a), "--resume", env=_env())
+    assert_one_clear_error(result, f"{a / 'ckpt-00000012.pt'} was written by another run",
+                           f"not by this directory's run (lineage {lineage_a})", "--resume-any")
+    result = ddtrain(*ONE, "--epochs", "1", "--steps", "16", "--checkpoint-dir", str(a), "--resume",
+                     "--resume-any", env=_env())
+    assert result.returncode == 0, result.stderr
+    assert "resumed from" in result.stdout and "ckpt-00000012.pt at step 8" in result.stdout
+    assert ownership.lineage(a)["lineage"] == ownership.lineage(b)["lineage"]
+
+
+def test_resume_any_needs_resume():
+    result = ddtrain(*ONE, "--checkpoint-dir", "x", "--resume-any", env=_env())
+    assert_one_clear_error(result, "--resume-any needs --resume")
+
+
+def test_processes_of_one_run_share_the_lock(tmp_path):
+    """A torchrun restart is the same run: its rank 0 may take the lock its launcher holds."""
+    ck = tmp_path / "ck"
+    holder = _holder(ck, "launcher", "same-run")
+    try:
+        code = ("import sys; from ddtrain.reliability import ownership; "
+                "print(ownership.claim(sys.argv[1], 'rank0'))")
+        ok = subprocess.run([sys.executable, "-c", code, str(ck)], capture_output=True, text=True,
+                            env={**_env(), ownership.RUN_ID_ENV: "same-run"})
+        assert ok.returncode == 0 and ok.stdout.strip() == "None", ok.stderr
+        other = subprocess.run([sys.executable, "-c", code, str(ck)], capture_output=True, text=True,
+                               env={**_env(), ownership.RUN_ID_ENV: "other-run"})
+        assert other.returncode != 0 and "is in use by run same-run" in other.stderr
+    finally:
+        holder.kill()
+        holder.wait()

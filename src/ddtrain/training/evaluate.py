@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 
 import torch
 import torch.distributed as dist
@@ -9,7 +10,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ddtrain.data.loading import ShardLoader
-from ddtrain.data.sharding import ShardSampler
 
 
 def loss_function(task: str):
@@ -41,18 +41,20 @@ class Meter:
 
 def evaluate(module: nn.Module, dataset, *, worker_rank: int, workers: int, batch_size: int, device,
              task: str, group, distributed: bool, amp: str = "off", channels_last: bool = False):
-    """Loss and accuracy over ``dataset``, each worker taking every ``workers``-th sample."""
-    sampler = ShardSampler(len(dataset), rank=worker_rank, world_size=workers, shuffle=False, remainder="pad") \
-        if len(dataset) >= workers else None
+    """Loss and accuracy over ``dataset``, each worker taking every ``workers``-th sample.
+
+    Exact means over the whole set: every sample counted once (no padding, no dropped tail
+    batch), and a worker with no sample at all (fewer samples than workers) adds zeros.
+    """
     classify, loss_fn = task == "classification", loss_function(task)
     meter = Meter(device, classify)
     was_training = module.training
     module.eval()
-    if sampler is not None:
-        # The padded tail would count some samples twice; evaluate exactly the real ones.
-        idx = torch.arange(worker_rank, len(dataset), workers)
-        loader = ShardLoader(dataset, _Fixed(idx, sampler), min(batch_size, max(len(idx), 1)), device,
-                             channels_last=channels_last) if len(idx) else []
+    idx = torch.arange(worker_rank, len(dataset), workers)
+    if len(idx):
+        loader = ShardLoader(dataset, _Fixed(idx, workers), min(batch_size, len(idx)), device,
+                             channels_last=channels_last)
+        loader.steps = math.ceil(len(idx) / loader.batch_size)  # the training loader drops a 1-sample tail batch
         with torch.no_grad(), autocast(device, amp):
             for x, y in loader:
                 out = module(x)
@@ -62,13 +64,20 @@ def evaluate(module: nn.Module, dataset, *, worker_rank: int, workers: int, batc
     return loss, accuracy
 
 
-class _Fixed(ShardSampler):
-    def __init__(self, idx, like):
-        self.__dict__.update(like.__dict__)
-        self._idx, self.per_rank = idx, len(idx)
+class _Fixed:
+    """A fixed list of indices in the shape ShardLoader reads from a sampler."""
+
+    def __init__(self, idx, workers: int):
+        self._idx, self.per_rank, self.world = idx, len(idx), workers
+
+    def set_epoch(self, epoch: int) -> None:
+        pass
 
     def indices(self):
         return self._idx
+
+    def __len__(self) -> int:
+        return self.per_rank
 
 
 def autocast(device, amp: str):

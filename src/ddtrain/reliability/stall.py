@@ -8,12 +8,17 @@ second. Every wait has a deadline: the process group's timeout for the native co
 ones. When a wait fails, ``explain`` reads the other ranks' marks and turns the backend's
 message into one line naming the operation, the step, and the rank(s) that did not join:
 those at another step or operation, and those whose mark went stale (a frozen process).
+Before that, each rank's heartbeat thread also watches the next rank's heartbeat: one that has
+not changed for ``SILENT_S`` seconds (a stopped or frozen process) is named in one warning
+line while the job goes on waiting up to its deadline.
 """
 from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
+import sys
 import threading
 import time
 
@@ -26,6 +31,10 @@ LOST_PEER_WORDS = ("connection closed by peer", "connection reset by peer", "bro
                    "connection refused", "socket closed")
 
 _here = {"step": None, "op": "start-up"}
+# A peer's heartbeat unchanged this long is reported (once) while the wait goes on; with a 1 s
+# heartbeat and a 1 s watch a stopped rank is named within 30 s of stopping.
+SILENT_S = 27.0
+SILENT_ENV = "DDTRAIN_SILENT_S"  # another threshold (seconds), e.g. for tests
 
 
 class StallError(DDTrainError):
@@ -52,13 +61,38 @@ def _store():
         return None
 
 
-class Heartbeat:
-    """Publishes this rank's mark to the store every ``period_s`` until stopped."""
+def silent_after() -> float:
+    """Seconds of heartbeat silence before a peer is reported: ``DDTRAIN_SILENT_S`` or ``SILENT_S``."""
+    text = os.environ.get(SILENT_ENV, "").strip()
+    if not text:
+        return SILENT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        if not dist.is_initialized() or dist.get_rank() == 0:  # once per job, not once per rank
+            print(f"ddtrain: warning: {SILENT_ENV}={text!r} is not a positive number of seconds; using {SILENT_S:g}",
+                  file=sys.stderr, flush=True)
+        return SILENT_S
+    return value
 
-    def __init__(self, period_s: float = 1.0):
-        self.period_s = period_s
+
+class Heartbeat:
+    """Publishes this rank's mark to the store every ``period_s`` and watches the next rank's.
+
+    The next rank (``rank + 1``, wrapping round) has exactly one watcher, so a silent rank is
+    named once per job; the same line names it again when it is heard from.
+    """
+
+    def __init__(self, period_s: float = 1.0, *, timeout_s: float | None = None):
+        self.period_s, self.timeout_s = period_s, timeout_s
         self.store = _store() if dist.is_initialized() else None
         self.rank = dist.get_rank() if dist.is_initialized() else 0
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        self.peer = (self.rank + 1) % world if world > 1 else None
+        self.silent_s = silent_after()
+        self._seen, self._reported = None, False   # (peer's record, when it last changed), a warning printed
         self._stop = threading.Event()
         self._thread = None
 
@@ -81,8 +115,34 @@ class Heartbeat:
         while not self._stop.wait(self.period_s):
             try:
                 self._publish()
+                self._watch()
             except Exception:  # the store went away: the job is ending, nothing to report to
                 return
+
+    def _watch(self) -> None:
+        if self.peer is None:
+            return
+        key = _key(self.peer)
+        text = self.store.get(key) if self.store.check([key]) else None
+        now = time.monotonic()
+        if self._seen is None or text != self._seen[0]:
+            if self._reported:
+                self._say(f"note: rank {self.peer} is heard from again after {now - self._seen[1]:.0f} s of silence")
+            self._seen, self._reported = (text, now), False
+            return
+        silent = now - self._seen[1]
+        if silent < self.silent_s or self._reported:
+            return
+        self._reported = True
+        last = json.loads(text) if text else None
+        where_ = f"last at step {last['step']}: {last['op']}" if last else "never heard from since the start"
+        deadline = f"the {self.timeout_s:g} s deadline (--timeout)" if self.timeout_s else "its deadline"
+        self._say(f"warning: rank {self.peer} has been silent for {silent:.0f} s ({where_}): it may be stopped "
+                  f"(SIGSTOP, Ctrl-Z, a debugger) or frozen; the job keeps waiting for it up to {deadline}")
+
+    def _say(self, text: str) -> None:
+        sys.stderr.write(f"[rank {self.rank}] ddtrain: {text}\n")
+        sys.stderr.flush()
 
     def stop(self) -> None:
         self._stop.set()
@@ -150,7 +210,8 @@ def explain(exc: BaseException, *, what: str, timeout_s: float, group=None, stal
 @contextlib.contextmanager
 def watched(*, what: str, timeout_s: float, group=None, period_s: float = 1.0):
     """Publish this rank's marks while the block runs; turn timed-out waits inside it into StallErrors."""
-    beat = Heartbeat(period_s).start() if dist.is_initialized() and dist.get_world_size() > 1 else None
+    beat = Heartbeat(period_s, timeout_s=timeout_s).start() if dist.is_initialized() and dist.get_world_size() > 1 \
+        else None
     try:
         yield
     except Exception as exc:

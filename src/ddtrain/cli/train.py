@@ -6,6 +6,7 @@ the workers get the resolved configuration back as flags (``to_argv``), parsed o
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 import torch
@@ -13,6 +14,7 @@ import torch
 from ddtrain.cli.args import add_dataclass_arguments, config_from_args
 from ddtrain.config import to_argv
 from ddtrain.dist import launch, runtime
+from ddtrain.dist.env import check_nproc
 from ddtrain.errors import DDTrainError
 from ddtrain.observe import profiler
 from ddtrain.reliability.consistency import PeerStopped
@@ -27,6 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def main(args) -> int:
     config = config_from_args(args)
+    if warning := check_nproc(args.nproc):  # refuses inside a started world, warns in an sbatch shell
+        print(f"ddtrain: warning: {warning}", file=sys.stderr, flush=True)
     if launch.inside_launcher():
         runtime.init(backend=config.dist.backend, timeout_s=config.dist.timeout)
         data, model = load_and_build(config)

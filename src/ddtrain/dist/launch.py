@@ -24,7 +24,8 @@ LOST_PEER_EXIT = 5       # a rank whose connection to a failed peer broke (cli._
 
 def inside_launcher() -> bool:
     """True when a launcher (torchrun, srun, mpirun) already started this process as a rank."""
-    return any(name in os.environ for name in LAUNCH_ENV_MARKERS)
+    from ddtrain.dist.env import launched  # an sbatch batch shell has SLURM_PROCID too, but is no task
+    return launched()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ddtrain.dist.config import default_timeout_s
-from ddtrain.dist.env import LaunchEnv, detect_env
+from ddtrain.dist.env import LaunchEnv, detect_env, local_device, restart_store_warning
 from ddtrain.errors import DDTrainError
 
 
@@ -29,18 +29,6 @@ class _State:
 _state: _State | None = None
 
 
-def _choose_backend(env: LaunchEnv, requested: str | None) -> str:
-    if requested:
-        if requested not in ("nccl", "gloo"):
-            raise DDTrainError(f"unknown backend {requested!r}; valid: gloo, nccl")
-        if requested == "nccl" and not torch.cuda.is_available():
-            raise DDTrainError("backend nccl needs CUDA, and this process sees no GPU")
-        return requested
-    if torch.cuda.is_available() and torch.cuda.device_count() >= env.local_world_size:
-        return "nccl"  # every local rank has a GPU of its own
-    return "gloo"
-
-
 def init(*, backend: str | None = None, timeout_s: float | None = None, device: str | None = None) -> LaunchEnv:
     """Join the job the launcher started (or become a world of one) and pick device and backend.
 
@@ -55,13 +43,16 @@ def init(*, backend: str | None = None, timeout_s: float | None = None, device: 
     timeout_s = default_timeout_s() if timeout_s is None else float(timeout_s)
     if timeout_s <= 0:
         raise DDTrainError(f"timeout must be positive, got {timeout_s}")
-    chosen = _choose_backend(env, backend or os.environ.get("DDTRAIN_BACKEND"))
+    # One GPU per task (srun --gpus-per-task=1) is cuda:0; all GPUs per node, cuda:LOCAL_RANK (env.local_device).
+    cuda_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    chosen, index = local_device(env, cuda_count, backend or os.environ.get("DDTRAIN_BACKEND"),
+                                 os.environ.get("CUDA_VISIBLE_DEVICES"))
     if device is not None:
         dev = torch.device(device)
-    elif chosen == "nccl" or (env.launcher == "none" and torch.cuda.is_available()):
-        dev = torch.device("cuda", env.local_rank)
     else:
-        dev = torch.device("cpu")
+        dev = torch.device("cpu") if index is None else torch.device("cuda", index)
+    if env.rank == 0 and restart_store_warning():
+        print(f"ddtrain: warning: {restart_store_warning()}", file=sys.stderr, flush=True)
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
     elif env.local_world_size > 1 and "OMP_NUM_THREADS" not in os.environ:

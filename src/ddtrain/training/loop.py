@@ -22,7 +22,7 @@ from ddtrain.config import TrainConfig
 from ddtrain.data import Data
 from ddtrain.data.loading import ShardLoader
 from ddtrain.data.sharding import ShardSampler
-from ddtrain.dist import runtime
+from ddtrain.dist import runtime, storage
 from ddtrain.errors import ConfigError
 from ddtrain.observe import files, tracking
 from ddtrain.reliability import consistency, faults, stall
@@ -111,6 +111,9 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
         state.checkpointer = Checkpointer(options, strategy=strategy, strategy_name=config.strategy,
                                           optimizer=optimizer, scaler=scaler, fingerprint=fingerprint, record=record,
                                           info=info, max_steps=config.steps, epochs=epochs)
+        # a restart whose rank 0 moved to a node without the checkpoints must not start from step 0
+        storage.check_shared(options.checkpoint_dir, attempt=info["attempt"],
+                             max_restarts=storage.restarts_allowed(options.max_restarts))
         state.checkpointer.resume()  # resume=True, or a restart by torchrun: the newest whole checkpoint
         state.step, state.epoch = state.checkpointer.step, state.checkpointer.epoch
         if schedule is not None:

@@ -1,0 +1,122 @@
+"""The recipe's pure parts against torch's own: schedules against torch.optim.lr_scheduler, parameter groups, batch arithmetic, refusals."""
+import math
+
+import pytest
+import torch
+
+from ddtrain import TrainConfig
+from ddtrain.cli.args import describe
+from ddtrain.errors import ConfigError
+from ddtrain.models import build_model
+from ddtrain.training import recipe
+
+
+def torch_lrs(make, n, lr=1.0):
+    """The lr of updates 0..n-1 under a torch scheduler built by ``make(optimizer)``."""
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=lr)
+    sched = make(opt)
+    out = []
+    for _ in range(n):
+        out.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    return out
+
+
+def ours(schedule, total, warmup=0, **extra):
+    config = TrainConfig(lr_schedule=schedule, steps=total, lr_warmup_steps=warmup, **extra)
+    p = recipe.plan(config, per_epoch=10)
+    return [recipe.lr_factor(p, u) for u in range(total)]
+
+
+def close(a, b):
+    assert len(a) == len(b)
+    for i, (x, y) in enumerate(zip(a, b)):
+        assert math.isclose(x, y, rel_tol=1e-9, abs_tol=1e-12), (i, x, y)
+
+
+def test_cosine_after_a_linear_warm_up_is_torchs_cosine_annealing():
+    got = ours("cosine", 60, warmup=20)
+    close(got[:20], [(u + 1) / 20 for u in range(20)])
+    close(got[20:], torch_lrs(lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=40), 40))
+
+
+def test_onecycle_is_torchs_one_cycle():
+    ref = torch_lrs(lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1.0, total_steps=50, cycle_momentum=False), 50)
+    close(ours("onecycle", 50), ref)
+    ref = torch_lrs(lambda o: torch.optim.lr_scheduler.OneCycleLR(o, max_lr=1.0, total_steps=50, pct_start=0.1,
+                                                                  cycle_momentum=False), 50)
+    close(ours("onecycle", 50, warmup=5), ref)
+
+
+def test_linear_step_and_multistep_are_torchs():
+    close(ours("linear", 30), torch_lrs(lambda o: torch.optim.lr_scheduler.LinearLR(o, 1.0, 0.0, total_iters=30), 30))
+    # step: every lr_step_epochs (x 10 updates per epoch); multistep: at the milestone epochs
+    close(ours("step", 40, lr_step_epochs=1.5, lr_gamma=0.5),
+          torch_lrs(lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=15, gamma=0.5), 40))
+    close(ours("multistep", 40, lr_milestones="1,2.5", lr_gamma=0.1),
+          torch_lrs(lambda o: torch.optim.lr_scheduler.MultiStepLR(o, milestones=[10, 25], gamma=0.1), 40))
+    close(ours("constant", 5, warmup=2), [0.5, 1, 1, 1, 1])
+
+
+def test_schedule_steps_with_the_optimizer_and_resumes_mid_run():
+    config = TrainConfig(lr_schedule="cosine", steps=10, lr_warmup_steps=3, lr=0.4)
+    param = torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.SGD([param], lr=0.4)
+    schedule = recipe.Schedule(opt, recipe.plan(config, per_epoch=5))
+    seen = []
+    for _ in range(10):
+        seen.append(opt.param_groups[0]["lr"])
+        param.grad = torch.ones(2)
+        opt.step()
+    close(seen, [schedule.lr(u) for u in range(10)])
+    schedule.jump_to(4)
+    assert math.isclose(opt.param_groups[0]["lr"], schedule.lr(4))
+
+
+def test_adamw_keeps_norms_and_biases_out_of_weight_decay():
+    model = build_model("resnet18", num_classes=10, in_channels=3, input_size=(32, 32))
+    opt = recipe.build_optimizer(TrainConfig(optimizer="adamw", weight_decay=0.05), model)
+    assert isinstance(opt, torch.optim.AdamW)
+    decayed, free = opt.param_groups
+    assert decayed["weight_decay"] == 0.05 and free["weight_decay"] == 0.0
+    norms_and_biases = {id(p) for m in model.modules() if isinstance(m, (torch.nn.BatchNorm2d, torch.nn.Linear))
+                        for name, p in m.named_parameters(recurse=False) if isinstance(m, torch.nn.BatchNorm2d)
+                        or name == "bias"}
+    assert {id(p) for p in free["params"]} == norms_and_biases
+    assert len(decayed["params"]) + len(free["params"]) == len(list(model.parameters()))
+    sgd = recipe.build_optimizer(TrainConfig(optimizer="sgd", weight_decay=0.05), model)
+    assert len(sgd.param_groups) == 1 and sgd.param_groups[0]["weight_decay"] == 0.05   # sgd's default: decay all
+
+
+def test_global_batch_divides_into_workers_and_micro_batches():
+    config = TrainConfig(global_batch_size=128, grad_accum=2)
+    assert recipe.per_rank_batch(config, 2) == 32 and recipe.global_batch(config, 2) == 128
+    assert recipe.resolve(config, 2).batch_size == 32
+    with pytest.raises(ConfigError) as err:
+        recipe.per_rank_batch(TrainConfig(global_batch_size=100, grad_accum=2), 3)
+    assert describe(err.value).startswith("--global-batch-size 100 does not divide into 3 worker(s)")
+    assert "96, 102" in str(err.value)
+
+
+def test_scale_lr_by_global_batch_over_the_reference():
+    config = TrainConfig(lr=0.1, batch_size=64, grad_accum=2, scale_lr="linear", lr_reference_batch=256)
+    assert math.isclose(recipe.scaled_lr(config, 4), 0.1 * 512 / 256)
+    config = TrainConfig(lr=0.1, batch_size=64, scale_lr="sqrt", lr_reference_batch=256)
+    assert math.isclose(recipe.scaled_lr(config, 16), 0.1 * 2)
+
+
+def test_refusals_name_the_flag_and_the_valid_choices():
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(lr_schedule="cosin")
+    assert describe(err.value) == ("--lr-schedule 'cosin' is not one of: constant, step, multistep, cosine, "
+                                   "onecycle, linear")
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(optimizer="lamb")
+    assert describe(err.value) == "--optimizer 'lamb' is not one of: sgd, adam, adamw"
+    with pytest.raises(ConfigError) as err:
+        recipe.plan(TrainConfig(steps=60, lr_warmup_steps=60, lr_schedule="cosine"), per_epoch=10)
+    assert describe(err.value) == "--warmup-steps 60 is not shorter than the run (60 optimizer updates)"
+    with pytest.raises(ConfigError) as err:
+        recipe.plan(TrainConfig(epochs=2, lr_warmup_epochs=3), per_epoch=10)
+    assert describe(err.value) == "--warmup-epochs 3 (30 updates) is not shorter than the run (20 optimizer updates)"

@@ -4,7 +4,8 @@ One generic generator instead of a hand-written flag per field: a field ``batch_
 # samples per step on each rank`` becomes ``--batch-size`` with that comment as its help, a
 ``Literal`` becomes the flag's choices, a ``bool`` a switch, a ``dict`` a repeatable
 ``--model-arg KEY=VALUE``, and a nested dataclass (a section another package owns) an argument
-group. ``config_from_args`` builds the config from the parsed flags; its inverse,
+group (a small generic generator in one place, in place of a dataclass-to-CLI library:
+docs/DEPENDENCIES.md says why). ``config_from_args`` builds the config from the parsed flags; its inverse,
 ``ddtrain.config.to_argv``, is what starts ``ddtrain train`` again (workers, benchmark cells,
 the demo), so no flag is serialised by hand. Flag names are the field names with dashes.
 """
@@ -82,11 +83,29 @@ def add_dataclass_arguments(parser, cls=TrainConfig, *, skip=()) -> None:
                                 default=default, **kwargs)
 
 
-def config_from_args(args: argparse.Namespace, cls=TrainConfig):
-    """The config the parsed flags describe (``from_flat`` of every flag's value)."""
+def config_from_args(args: argparse.Namespace, defaults: dict | None = None, cls=TrainConfig):
+    """The config the parsed flags describe (``from_flat`` of every flag's value).
+
+    ``defaults`` (``{field: value}``, from a config file or a replayed record) fill what the flags
+    leave out: ``reparse_with_defaults`` made them the parser's defaults, and a ``--model-arg``
+    style option adds its pairs to the file's table.
+    """
+    defaults = defaults or {}
     values = {}
     for f, tp in fields_of(cls):
         if hasattr(args, f.name):
             value = getattr(args, f.name)
-            values[f.name] = parse_kv(value, flag_name(f.name)) if field_kind(tp)[1] == "pairs" else value
+            if field_kind(tp)[1] == "pairs":
+                value = {**(defaults.get(f.name) or {}), **parse_kv(value, flag_name(f.name))}
+            values[f.name] = value
     return cls.from_flat(**values)
+
+
+def reparse_with_defaults(add_arguments, argv: list[str], defaults: dict) -> argparse.Namespace:
+    """Parse ``argv`` again with ``defaults`` as the parser's defaults: flags given on the line win."""
+    parser = argparse.ArgumentParser(add_help=False)
+    add_arguments(parser)
+    parser.set_defaults(**{k: v for k, v in defaults.items() if not isinstance(v, dict)})
+    args = parser.parse_args(argv)
+    args.argv = argv
+    return args

@@ -35,15 +35,30 @@ def load_and_build(config: TrainConfig, *, meta: bool = False):
 
 def validate(config: TrainConfig, workers: int) -> None:
     """Everything that can be checked before a worker starts: names, paths, sizes."""
+    from ddtrain.data.loading import steps_per_epoch
     from ddtrain.data.sharding import ShardSampler
+    from ddtrain.errors import ConfigError
+    from ddtrain.observe import tracking
+    from ddtrain.training import recipe
     if config.out and not config.out.endswith(".json"):
         raise DDTrainError(f"--out {config.out!r} should name a .json file")
+    config = recipe.resolve(config, workers)   # --global-batch-size divides into workers x micro-batches
     data, model = load_and_build(config, meta=True)
-    ShardSampler(len(data.train), rank=0, world_size=workers, policy=config.sharding)  # n >= workers
+    sampler = ShardSampler(len(data.train), rank=0, world_size=workers, policy=config.sharding)  # n >= workers
     per_rank = len(data.train) // workers
     if config.batch_size > per_rank:
-        raise DDTrainError(f"--batch-size {config.batch_size} is larger than a rank's shard: {len(data.train)} "
+        flag = "per-rank batch (--global-batch-size / workers / --grad-accum)" if config.global_batch_size \
+            else "--batch-size"
+        raise DDTrainError(f"{flag} {config.batch_size} is larger than a rank's shard: {len(data.train)} "
                            f"training samples over {workers} worker(s) is {per_rank} each")
+    micro = steps_per_epoch(len(sampler), config.batch_size)
+    if micro < config.grad_accum:
+        raise ConfigError("grad_accum", f"{config.grad_accum} is more than the {micro} micro-batches of "
+                          f"{config.batch_size} in an epoch of a rank's shard")
+    recipe.plan(config, recipe.updates_per_epoch(micro, config.grad_accum))   # warm-up shorter than the run
+    if config.label_smoothing and data.task != "classification":
+        raise ConfigError("label_smoothing", f"applies to classification; {config.data} is a {data.task} task")
+    tracking.check(config.tracking)   # the libraries are there and the outputs writable
     from ddtrain.reliability import checkpoint, outputs
     from ddtrain.reliability import consistency
     from ddtrain.observe import files

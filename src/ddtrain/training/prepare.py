@@ -16,6 +16,7 @@ ranks serve inside ``prepare`` and then leave the process (their strategy's docu
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 
 import torch
@@ -29,6 +30,8 @@ from ddtrain.training.metrics import Placement
 from ddtrain.training.prepared_loader import PreparedLoader
 from ddtrain.training.prepared_model import PreparedModel, unwrap
 from ddtrain.training.prepared_optimizer import StepCounter, prepare_optimizer
+
+STRATEGY_ENV = "DDTRAIN_STRATEGY"   # the default strategy (ddtrain run --strategy); an argument given wins
 
 __all__ = ["prepare", "prepare_loader", "unwrap"]
 
@@ -79,7 +82,7 @@ def prepare_loader(loader: DataLoader, *, training: bool = False, seed: int = 0)
                           device=runtime.device(), seed=seed, training=training)
 
 
-def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strategy: str = "ddp", seed: int = 0,
+def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strategy: str | None = None, seed: int = 0,
             **options):
     """``(model, optimizer, *loaders)`` set up for ``strategy`` on this rank (see the module doc).
 
@@ -89,6 +92,7 @@ def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strate
     Without loaders the third value is None (``model, optimizer, _ = prepare(model, optimizer)``).
     """
     runtime.init()
+    strategy = strategy or os.environ.get(STRATEGY_ENV) or "ddp"   # `ddtrain run --strategy S` sets the variable
     settings = sync_options(strategy, options)
     optimizers = [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
     if isinstance(model, PreparedModel):

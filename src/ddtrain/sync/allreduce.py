@@ -21,6 +21,36 @@ from ddtrain.sync.ddp import ddp_model
 from ddtrain.sync.divergence import DivergenceMonitor
 
 
+class CommThread:
+    """The process's one communication thread, shared by every hooked DDP model (a GAN prepares two).
+
+    The algorithms exchange point-to-point messages matched by order, so the buckets of all the
+    models of a process must be reduced one after the other, in the order backward marks them
+    ready -- the same on every rank. Two threads (one per model) would interleave their messages
+    differently on each rank and mismatch them.
+    """
+
+    _lock = threading.Lock()
+    _executor: ThreadPoolExecutor | None = None
+    _users = 0
+
+    @classmethod
+    def acquire(cls) -> ThreadPoolExecutor:
+        with cls._lock:
+            if cls._executor is None:
+                cls._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ddtrain-comm")
+            cls._users += 1
+            return cls._executor
+
+    @classmethod
+    def release(cls) -> None:
+        with cls._lock:
+            cls._users -= 1
+            if cls._users == 0 and cls._executor is not None:
+                cls._executor.shutdown(wait=True)
+                cls._executor = None
+
+
 class HookState:
     """What the hook needs: the algorithm, the group, the ledger, and the communication thread."""
 
@@ -34,7 +64,7 @@ class HookState:
     def executor(self) -> ThreadPoolExecutor:
         with self._lock:
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"ddtrain-{self.algorithm}")
+                self._executor = CommThread.acquire()
             return self._executor
 
     def reduce_(self, buffer: torch.Tensor) -> torch.Tensor:
@@ -49,8 +79,8 @@ class HookState:
     def close(self) -> None:
         with self._lock:
             if self._executor is not None:
-                self._executor.shutdown(wait=True)
                 self._executor = None
+                CommThread.release()
 
 
 def allreduce_hook(state: HookState, bucket):  # returns torch.futures.Future[torch.Tensor]
@@ -61,7 +91,7 @@ def allreduce_hook(state: HookState, bucket):  # returns torch.futures.Future[to
     enqueue work (transfers on NCCL's streams, reductions on the current stream; comm/p2p.py),
     so the hook runs inline and returns a completed future bound to the device, which makes
     DDP's consumers wait on the stream, not the CPU. CPU tensors (Gloo): one communication
-    thread per process reduces the buckets in the order DDP marks them ready, the same on
+    thread per process (``CommThread``) reduces the buckets in the order DDP marks them ready, the same on
     every rank, so the ranks' messages always match; DDP waits on every future before it
     writes the averaged gradients.
     """

@@ -14,11 +14,6 @@ def sync_batchnorm_(model: torch.nn.Module, group=None) -> None:
     """Replace every BatchNorm layer inside ``model`` by a SyncBatchNorm sharing its parameters and buffers."""
     if isinstance(model, torch.nn.modules.batchnorm._BatchNorm):
         raise DDTrainError("sync_batchnorm: the model itself is a BatchNorm layer; wrap it in a module first")
-    device = next(model.parameters()).device
-    if device.type != "cuda" and any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
-        # torch's SyncBatchNorm computes its statistics with CUDA kernels only
-        raise DDTrainError(f"sync_batchnorm=True needs the model on CUDA devices (SyncBatchNorm has no "
-                           f"{device.type} implementation); leave it off with the gloo backend on CPU")
     for name, child in model.named_children():
         # the converted layer takes the same Parameter objects, so optimizers built on the model stay valid
         setattr(model, name, torch.nn.SyncBatchNorm.convert_sync_batchnorm(child, group))
@@ -26,13 +21,17 @@ def sync_batchnorm_(model: torch.nn.Module, group=None) -> None:
 
 def ddp_model(model, options: SyncOptions, comm_hook=None, hook_state=None):
     """Wrap ``model`` in DDP on its own device with the user's DDP options and an optional communication hook."""
-    if options.sync_batchnorm:
-        sync_batchnorm_(model)
     device = next(model.parameters()).device
+    if options.sync_batchnorm:
+        if device.type != "cuda":   # torch's SyncBatchNorm computes its statistics with CUDA kernels only
+            raise DDTrainError(f"sync_batchnorm=True needs the model on CUDA devices (SyncBatchNorm has no "
+                               f"{device.type} implementation); leave it off with the gloo backend on CPU")
+        sync_batchnorm_(model)
     wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None,
                   bucket_cap_mb=options.bucket_cap_mb, find_unused_parameters=options.find_unused_parameters,
                   static_graph=options.static_graph, gradient_as_bucket_view=options.gradient_as_bucket_view,
-                  broadcast_buffers=options.broadcast_buffers)
+                  # passed only when off: newer torch warns on any broadcast_buffers argument (renamed)
+                  **({} if options.broadcast_buffers else {"broadcast_buffers": False}))
     if comm_hook is not None:
         wrapped.register_comm_hook(hook_state, comm_hook)
     return wrapped

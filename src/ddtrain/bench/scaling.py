@@ -300,6 +300,30 @@ def finish_rows(rows: list[dict]) -> None:
                 r["efficiency"] = r["speedup"] / (r["workers"] / base["workers"])
 
 
+def load_warnings(speedups, loads, cores: int | None) -> list[str]:
+    """'# warning:' lines for figures the machine's load makes meaningless.
+
+    ``speedups``: (label, workers, baseline workers, speed-up); a speed-up above the worker ratio
+    (5% tolerance) means the baseline was slowed by something else. ``loads``: (when, 1-min load
+    average, this benchmark's own busy processes then); a load beyond the cores after taking
+    our own processes out means other programs competed for the CPU.
+    """
+    lines = []
+    for label, workers, base, speedup in speedups:
+        if speedup is not None and base and speedup > 1.05 * workers / base:
+            lines.append(f"# warning: {label}: a {speedup:.2f}x speed-up with {workers} workers over {base} is more than "
+                         f"{workers / base:g}x, which the workers alone cannot give: the {base}-worker run was slowed by "
+                         "other load, so this speed-up is not meaningful")
+    busy = [(when, load, load - own) for when, load, own in loads if load is not None]
+    if cores and busy:
+        when, load, other = max(busy, key=lambda b: b[2])
+        if other > cores:
+            lines.append(f"# warning: the 1-min load average was {load:.1f} on {cores} CPU cores {when} ({other:.1f} "
+                         "besides this run's own processes): other programs competed for the CPU, so these times and "
+                         "speed-ups measure that competition as much as ddtrain; run again on an idle machine")
+    return lines
+
+
 COLUMNS = [("strategy", ""), ("workers", ""), ("ranks", ""), ("batch", "(/worker)"), ("loader", ""),
            ("amp", ""), ("samples/s", "(1/s)"), ("step", "(ms)"), ("epoch", "(s)"), ("", ""),
            ("speed-up", "(x)"), ("effic.", "(%)"), ("data", "(ms)"), ("compute", "(ms)"), ("comm", "(ms)"),
@@ -402,7 +426,12 @@ def run_matrix(config: ScalingConfig, out: Path) -> int:
     result = {"kind": "ddtrain-bench-scaling", "config": asdict(config), "train_samples": n_train,
               "cores": os.cpu_count(), "loadavg_1min": [load_start, loadavg()],
               "elapsed_s": time.perf_counter() - started, "cells": rows}
-    text = render(result)
+    warnings = load_warnings([(f"{r['strategy']} batch {r['batch_size']}", r["workers"], r.get("baseline_workers"),
+                                r.get("speedup")) for r in rows if r["ok"]],
+                             [("at the start", load_start, 0), ("at the end", result["loadavg_1min"][1],
+                                                                runs[-1].ranks if runs else 0)], os.cpu_count())
+    result["warnings"] = [w[len("# warning: "):] for w in warnings]
+    text = "\n".join([render(result), *warnings]) if warnings else render(result)
     files.write_json(out / "scaling.json", result)
     files.atomic_write(out / "scaling.txt", lambda tmp: Path(tmp).write_text(text + "\n"))
     print(text, flush=True)

@@ -36,7 +36,7 @@ def main(args) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"# ddtrain demo: simple-cnn on the bundled digits, {args.epochs} epochs, batch {args.batch_size} "
           f"per worker, strategy {args.strategy}, {os.cpu_count()} CPU cores", flush=True)
-    rows = []
+    rows, loads = [], [("before the first run", _loadavg(), 0)]
     for i, n in enumerate(counts, 1):
         path = out / f"workers{n}.json"
         print(f"# [{i}/{len(counts)}] training with {n} worker(s) ...", end=" ", flush=True)
@@ -55,6 +55,7 @@ def main(args) -> int:
         rows.append((n, epoch_s, rate, record["final"].get("val_accuracy", float("nan")),
                      time.perf_counter() - started))
         print(f"done in {rows[-1][-1]:.1f} s, validation accuracy {rows[-1][3]:.2%}", flush=True)
+        loads.append((f"after the {n}-worker run", _loadavg(), n))
     base = rows[0][2]
     print()
     print("# workers  epoch time (s)  samples/s  speed-up  val accuracy  wall (s)")
@@ -62,5 +63,16 @@ def main(args) -> int:
         print(f"  {n:>7}  {epoch_s:>14.2f}  {rate:>9.0f}  {rate / base:>8.2f}  {acc:>12.2%}  {wall:>8.1f}")
     print(f"# epoch time and samples/s: median over epochs 2..{args.epochs}; speed-up: samples/s over the "
           f"{counts[0]}-worker run")
+    from ddtrain.bench.scaling import load_warnings
+    for line in load_warnings([("demo", n, counts[0], rate / base) for n, _, rate, _, _ in rows[1:]], loads,
+                              os.cpu_count()):
+        print(line)
     print(f"# results records (JSON): {out.resolve()}/")
     return 0
+
+
+def _loadavg() -> float | None:
+    try:
+        return os.getloadavg()[0]
+    except OSError:  # not available on this platform
+        return None

@@ -1,9 +1,11 @@
 """``ddtrain report DIR``: its flags; the report itself is ``ddtrain.report``."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from ddtrain.report.build import build
+from ddtrain.report.plots import INSTALL
 
 
 def add_arguments(p) -> None:
@@ -18,8 +20,13 @@ def main(args) -> int:
     root = Path(args.dir)
     out = Path(args.out) if args.out else root
     result = build(root, out, title=args.title, all_timelines=args.all_timelines)
+    for note in result["damaged"]:
+        print(f"ddtrain: warning: skipped {note}", file=sys.stderr)
     print(f"# ddtrain report: {len(result['figures'])} figures")
     for title in result["figures"]:
         print(f"#   {title}")
+    if result["plots_missing"]:
+        print(f"# {result['plots_missing']} plot(s) not drawn: matplotlib is not installed ({INSTALL}, then run "
+              "ddtrain report again); the tables are complete")
     print(f"# wrote {result['markdown']} and {result['html']} (self-contained)")
     return 0

@@ -70,14 +70,14 @@ def check_writable(path, flag: str) -> None:
     from ddtrain.errors import DDTrainError
     target = Path(path)
     if target.is_dir():
-        raise DDTrainError(f"{flag} {path!r} is a directory; give a file name")
+        raise DDTrainError(f"{flag} '{path}' is a directory; give a file name")
     parent = target.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise DDTrainError(f"{flag} {path!r}: {parent} is not a directory")
+        raise DDTrainError(f"{flag} '{path}': {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise DDTrainError(f"{flag} {path!r}: cannot write in {parent}")
+        raise DDTrainError(f"{flag} '{path}': cannot write in {parent}")
 
 
 def write_json(path, data: dict, *, what: str = "the results record") -> Path:

@@ -22,14 +22,18 @@ from ddtrain.report.sections import collectives_blocks, records_blocks, scaling_
 
 def collect(root: Path) -> dict:
     """Every result under ``root``, by kind; files that are not results are skipped."""
-    found: dict = {"scaling": [], "records": [], "collectives": [], "skipped": []}
+    found: dict = {"scaling": [], "records": [], "collectives": [], "skipped": [], "damaged": []}
     for path in sorted(root.rglob("*.json")):
         if path.name.startswith(".") or "report_files" in path.parts:
             continue
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            found["skipped"].append(f"{path}: {exc}")
+            text = path.read_text()
+            data = json.loads(text)
+        except OSError as exc:
+            found["skipped"].append(f"{path}: cannot be read ({exc.strerror or exc})")
+            continue
+        except ValueError as exc:  # UnicodeDecodeError is one too
+            found["damaged"].append(damaged_json(path, exc))
             continue
         if not isinstance(data, dict) or "traceEvents" in data:
             continue
@@ -42,11 +46,27 @@ def collect(root: Path) -> dict:
     return found
 
 
+def damaged_json(path: Path, exc: ValueError) -> str:
+    """One line on a .json file that does not parse: cut off, or not JSON at all."""
+    size = path.stat().st_size if path.exists() else 0
+    if isinstance(exc, json.JSONDecodeError):
+        body = exc.doc.strip()
+        if not body:
+            return f"{path} is damaged: it is empty ({size} bytes), not JSON (run again to rewrite it, or remove it)"
+        if body[0] in "{[" and body[-1:] != {"{": "}", "[": "]"}.get(body[:1]):  # opened, never closed
+            return (f"{path} is damaged: it ends before its JSON does (cut off at {size} bytes: {exc.msg}); "
+                    "it was not written whole (run again to rewrite it, or remove it)")
+        return f"{path} is damaged: not valid JSON ({exc.msg} at line {exc.lineno}, column {exc.colno})"
+    return f"{path} is damaged: not a text file ({type(exc).__name__}: {str(exc)[:80]})"
+
+
 def build(root: Path, out: Path, *, title: str | None = None, all_timelines: bool = False) -> dict:
     """Write the report; returns the paths written and the figures' titles."""
     if not root.is_dir():
         raise DDTrainError(f"{root} is not a folder")
     found = collect(root)
+    if not (found["scaling"] or found["records"] or found["collectives"]) and found["damaged"]:
+        raise DDTrainError("; ".join(found["damaged"]) + " (no other results to report)")
     if not (found["scaling"] or found["records"] or found["collectives"]):
         raise DDTrainError(f"no results under {root}: expected scaling.json (bench scaling), results records "
                            f"(train --out) or bench collectives --json output")
@@ -70,14 +90,16 @@ def build(root: Path, out: Path, *, title: str | None = None, all_timelines: boo
                    ("p", "No `bench collectives` output here, so no bus-bandwidth plot: run "
                          f"`ddtrain bench collectives --nproc 2 --sizes 1K:4M --json {root}/collectives.json` and "
                          "report again (its calibration also gives the scaling cells' cost-model times).")]
-    for note in found["skipped"]:
-        blocks.append(("p", f"Skipped (not readable JSON): {note}"))
+    for note in found["skipped"] + found["damaged"]:
+        blocks.append(("p", f"Skipped: {note}"))
     from ddtrain.observe.files import atomic_write
     md_path, html_path = out / "report.md", out / "report.html"
     atomic_write(md_path, lambda tmp: Path(tmp).write_text(render_md(blocks, out)))
     atomic_write(html_path, lambda tmp: Path(tmp).write_text(render_html(blocks)))
     figures = [b[2] for b in blocks if b[0] == "img"]
-    return {"markdown": md_path, "html": html_path, "figures": figures}
+    missing = [b for b in blocks if b[0] == "p" and b[1].startswith("(Plot ")]
+    return {"markdown": md_path, "html": html_path, "figures": figures, "plots_missing": len(missing),
+            "damaged": found["damaged"]}
 
 
 def render_md(blocks: list[tuple], out: Path) -> str:

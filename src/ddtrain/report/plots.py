@@ -12,11 +12,19 @@ PARTS = (("data_s", "data wait"), ("compute_s", "forward+backward"), ("comm_wait
          ("optimizer_s", "optimizer"), ("other_s", "other (in-loop checks)"))
 
 
+class NoMatplotlib(DDTrainError):
+    """matplotlib is not installed: the report is written without its plots."""
+
+
+INSTALL = "pip install 'ddtrain[report]'"
+
+
 def _plt():
     try:
         import matplotlib
     except ImportError:
-        raise DDTrainError("ddtrain report needs matplotlib: pip install 'ddtrain[report]'") from None
+        raise NoMatplotlib(f"matplotlib is not installed, so the report has no plots: {INSTALL}, then run "
+                           "ddtrain report again") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
@@ -209,6 +217,7 @@ def utilisation_timeline(record: dict, label: str, path) -> str:
 def busbw_vs_size(result: dict, path) -> str:
     """nccl-tests' figure: bus bandwidth against message size, the model's prediction dashed."""
     from ddtrain.bench.collectives import plot_busbw
+    _plt()  # our own message without matplotlib: plot_busbw's speaks of bench collectives' --plot flag
     plot_busbw(result, path)
     return (f"Bus bandwidth against message size, {result['world_size']} ranks "
             f"({result['backend']} on {result['device']})")

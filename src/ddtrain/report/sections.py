@@ -24,8 +24,13 @@ def _ms(v) -> str:
 
 
 def _figure(files: Path, name: str, draw, *args) -> tuple:
+    """An image block, or (no matplotlib) a line saying which plot is missing and how to get it."""
     path = files / f"{_slug(name)}.png"
-    title = draw(*args, path)
+    try:
+        title = draw(*args, path)
+    except plots.NoMatplotlib:
+        return ("p", f"(Plot `{path.name}` not drawn: matplotlib is not installed; `{plots.INSTALL}` and run "
+                     "`ddtrain report` again to get it.)")
     return ("img", path, title)
 
 

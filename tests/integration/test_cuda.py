@@ -97,3 +97,53 @@ def test_host_batches_copied_ahead_on_a_side_stream_match_the_cpu_batches():
     assert torch.equal(on_gpu.batch(idx.cuda())[0], lazy.to("cuda").batch(idx.cuda())[0])
     # computed on the GPU: the same samples as on the CPU up to float rounding of the upsampling
     assert torch.allclose(on_gpu.batch(idx.cuda())[0].cpu(), lazy.batch(idx)[0], atol=1e-5)
+
+
+def _profiled_fit(dataset, data_on_device, steps=30):
+    from ddtrain import TrainConfig, fit
+    from ddtrain.data import Data
+    from ddtrain.models import build_model
+    from ddtrain.observe import profiler
+    torch.manual_seed(0)
+    model = build_model("resnet18", num_classes=10, in_channels=3, input_size=(64, 64))
+    config = TrainConfig.from_flat(model="resnet18", data="synthetic", strategy="ddp", epochs=0, steps=steps,
+                                   batch_size=64, lr=0.01, val_fraction=0.0, amp="bf16", data_on_device=data_on_device,
+                                   quiet=True, profile=True, warmup_steps=5)
+    record = fit(model, Data("synthetic", dataset, None, 10, (3, 64, 64), "classification"), config,
+                 callbacks=profiler.callbacks(config.profile))
+    rank = record["profile"]["ranks"][0]
+    assert rank["split_clock"] == "cuda events on the training stream"
+    split = rank["split_s"]
+    return split["data_s"] / sum(split.values()), rank
+
+
+def test_gpu_split_shows_no_data_wait_for_gpu_resident_data():
+    """The truth is known: the batches are on the GPU, so the GPU never waits for data."""
+    from ddtrain.data.arrays import ArrayDataset
+    x = torch.randn(64 * 31, 3, 64, 64, device="cuda")
+    y = torch.randint(0, 10, (64 * 31,), device="cuda")
+    share, rank = _profiled_fit(ArrayDataset(x, y, num_classes=10), "yes")
+    assert share < 0.02, rank
+
+
+def test_gpu_split_shows_the_data_wait_of_a_deliberately_slow_loader():
+    import time
+
+    from torch.utils.data import Dataset
+
+    from ddtrain.data.arrays import ArrayDataset
+
+    class Slow(Dataset):
+        def __init__(self, inner):
+            self.inner = inner
+
+        def __len__(self):
+            return len(self.inner)
+
+        def __getitem__(self, i):
+            time.sleep(0.002)  # 128 ms of host time per batch of 64, against a few ms of GPU work
+            return self.inner[i]
+
+    inner = ArrayDataset(torch.randn(64 * 21, 3, 64, 64), torch.randint(0, 10, (64 * 21,)), num_classes=10)
+    share, rank = _profiled_fit(Slow(inner), "no", steps=20)
+    assert share > 0.5, rank

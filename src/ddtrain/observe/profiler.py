@@ -76,18 +76,33 @@ class Profiler:
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_grad)
                        for p in state.model.parameters() if p.requires_grad]
         self.ddp_note = self._time_ddp_buckets() if self.trace_path else None
+        # On a GPU the host's clock readings say where the host blocked, not where the GPU spent its
+        # time (issue 20: 33.8 ms of "data wait" on rank 0 for GPU-resident data): events on the
+        # training stream give the split the tables use; the host's stays beside it, labelled.
+        self.gpu = None
+        if state.device.type == "cuda" and state.strategy.role == "worker":
+            from ddtrain.observe.gpu_split import GpuStepEvents
+            self.gpu = GpuStepEvents(state.model, state.optimizer, state.device)
         if self.monitor_on:
             from ddtrain.observe.monitor import Monitor
             self.monitor = Monitor(self.interval_s, device=runtime.device(),
                                    strategy_stats=lambda: self.synced.stats).start()
 
+    def on_epoch_begin(self, epoch, state):
+        if self.gpu is not None:
+            self.gpu.epoch_begin()
+
     def on_step_begin(self, step, state):
         self._grad_done_s, self._step = None, step
+        if self.gpu is not None:
+            self.gpu.step_begin(step)
 
     def on_step_end(self, step, logs, state):
         self._step_times.append((self._step, logs["begin_s"], logs["data_end_s"], logs["compute_end_s"], logs["end_s"],
                                  time.perf_counter(), self._grad_done_s))
         self._cpu_ends.append(time.process_time())
+        if self.gpu is not None:
+            self.gpu.step_end()
 
     def _on_grad(self, _param):
         self._grad_done_s = time.perf_counter()
@@ -153,9 +168,25 @@ class Profiler:
                 "split_sum_pct": 100 * parts / mean["step_s"] if timed and mean["step_s"] else None,
                 "busy_per_step_s": [s["data_s"] + s["compute_s"] + s["optimizer_s"] for s in timed],
                 "window_s": [steps[warm]["begin_s"], steps[-1]["wall_end_s"]] if steps else None}
+        if self.gpu is not None:
+            self._use_gpu_split(mine, steps[warm]["step"] if len(steps) > warm else 0)
         if self.trace_path:
             mine["trace"] = {"steps": steps, "comm": [s[:6] for s in self._spans], "buckets": self._buckets}
         return mine
+
+    def _use_gpu_split(self, mine: dict, first_timed: int) -> None:
+        """The GPU's split becomes the rank's ``split_s``; the host's moves to ``host_split_s``."""
+        timed = [s for s in self.gpu.close() if s["step"] >= first_timed]
+        mine["host_split_s"], mine["host_split_sum_pct"] = mine["split_s"], mine["split_sum_pct"]
+        mine["split_clock"] = "cuda events on the training stream"
+        if not timed:
+            return
+        mean = {k: sum(s[k] for s in timed) / len(timed) for k in (*PARTS, "step_s")}
+        mine["split_s"] = {k: mean[k] for k in PARTS}
+        mine["split_sum_s"] = sum(mean[k] for k in PARTS)
+        mine["gpu_step_time_s"] = mean["step_s"]
+        mine["split_sum_pct"] = 100 * mine["split_sum_s"] / mine["step_time_s"] if mine["step_time_s"] else None
+        mine["busy_per_step_s"] = [s["data_s"] + s["compute_s"] + s["optimizer_s"] for s in timed]
 
     def _cpu_per_step(self, warm: int) -> float | None:
         """CPU seconds of this process per step after the warm-up (epoch ends included)."""

@@ -1,0 +1,33 @@
+"""The mutation script stays runnable: every patch applies to today's code, every test it names exists.
+
+``benchmarks/mutation_check.py`` (docs/TESTING.md) is too slow for CI; this checks in
+milliseconds what would make it silently useless: a snippet that no longer occurs exactly once
+(the patched line moved or changed) or a test file that was renamed.
+"""
+import importlib.util
+import sys
+
+import pytest
+
+from helpers import REPO
+
+spec = importlib.util.spec_from_file_location("mutation_check", REPO / "benchmarks" / "mutation_check.py")
+mutation_check = importlib.util.module_from_spec(spec)
+sys.modules["mutation_check"] = mutation_check   # dataclasses look their module up there
+spec.loader.exec_module(mutation_check)
+MUTATIONS = mutation_check.MUTATIONS
+
+
+def test_the_audit_has_19_mutations_13_caught_and_6_survivors():
+    assert len(MUTATIONS) == 19 and len({m.name for m in MUTATIONS}) == 19
+    assert sum(m.audit == "survived" for m in MUTATIONS) == 6
+
+
+@pytest.mark.parametrize("mutation", [m for m in MUTATIONS if m.old], ids=lambda m: m.name)
+def test_each_patch_applies_once_and_its_tests_exist(mutation):
+    text = (REPO / mutation.file).read_text()
+    assert text.count(mutation.old) == 1, (f"{mutation.name}: the snippet occurs {text.count(mutation.old)} times in "
+                                           f"{mutation.file}; update it in benchmarks/mutation_check.py")
+    assert mutation.new != mutation.old
+    for test in mutation.tests:
+        assert (REPO / test.split("::")[0]).is_file(), f"{mutation.name}: {test} does not exist"

@@ -127,6 +127,7 @@ def test_a_checkpoint_cannot_execute_code(tmp_path):
     header, _ = checkpoint.read_header(path)
     evil = pickle.dumps({"w": _Payload()}, protocol=2)  # a well-formed file whose payload would run a command
     header.update(payload_bytes=len(evil), sha256=hashlib.sha256(evil).hexdigest())
+    header["header_sha256"] = checkpoint.header_checksum(header)  # a forger recomputes every checksum
     path.write_bytes(checkpoint.MAGIC + json.dumps(header).encode() + b"\n" + evil)
     with pytest.raises(checkpoint.Damaged, match=r"weights_only"):
         checkpoint.read(path)

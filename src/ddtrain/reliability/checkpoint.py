@@ -70,7 +70,9 @@ def write(path, header: dict, payload: dict) -> Path:
     torch.save(payload, buffer)
     data = buffer.getvalue()
     header = {**header, "format": FORMAT, "payload_bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-    line = json.dumps(header, sort_keys=True, default=str).encode() + b"\n"
+    header = json.loads(json.dumps(header, sort_keys=True, default=str))  # as it will read back
+    header["header_sha256"] = header_checksum(header)
+    line = json.dumps(header, sort_keys=True).encode() + b"\n"
 
     def _write(tmp):
         with open(tmp, "wb") as f:
@@ -79,8 +81,31 @@ def write(path, header: dict, payload: dict) -> Path:
     return files.atomic_write(path, _write)
 
 
+def header_checksum(header: dict) -> str:
+    """SHA-256 of the header without this checksum: a header edited by hand no longer matches."""
+    rest = {k: v for k, v in header.items() if k != "header_sha256"}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
+
+
+# header fields a training checkpoint has, and what each must be (checked when present)
+_FIELDS = {"step": (0, "a non-negative integer"), "epoch": (1, "a positive integer"),
+           "step_in_epoch": (0, "a non-negative integer"), "world_size": (1, "a positive integer"),
+           "payload_bytes": (0, "a non-negative integer")}
+
+
+def _check_fields(header: dict) -> None:
+    for name, (least, what) in _FIELDS.items():
+        value = header.get(name, least)
+        if not isinstance(value, int) or isinstance(value, bool) or value < least:
+            raise Damaged(f"its header field {name!r} is {json.dumps(value)}, not {what}")
+    for name, kind, what in (("fingerprint", dict, "an object"), ("sha256", str, "a hex string"),
+                             ("run", dict, "an object")):
+        if name in header and not isinstance(header[name], kind) and not (name == "run" and header[name] is None):
+            raise Damaged(f"its header field {name!r} is {json.dumps(header[name])[:60]}, not {what}")
+
+
 def read_header(path) -> tuple[dict, int]:
-    """The header and the payload's offset; raises Damaged if the file is not whole."""
+    """The header and the payload's offset; raises Damaged if the file is not whole or was edited."""
     try:
         with open(path, "rb") as f:
             magic = f.read(len(MAGIC))
@@ -91,11 +116,20 @@ def read_header(path) -> tuple[dict, int]:
         raise Damaged(f"unreadable: {exc.strerror or exc}") from None
     if magic != MAGIC:
         raise Damaged("not a ddtrain checkpoint (bad magic line)" if size >= len(MAGIC) else f"truncated: {size} bytes")
+    if not line.endswith(b"\n"):
+        raise Damaged(f"truncated inside its header: {size} bytes")
     try:
         header = json.loads(line)
-        expected = offset + int(header["payload_bytes"])
-    except (ValueError, KeyError, TypeError):
-        raise Damaged("truncated or corrupt header") from None
+    except ValueError as exc:  # UnicodeDecodeError too
+        raise Damaged(f"its header line is not valid JSON ({getattr(exc, 'msg', exc)}, at character "
+                      f"{getattr(exc, 'pos', '?')}): edited by hand or corrupted") from None
+    if not isinstance(header, dict) or "payload_bytes" not in header or "sha256" not in header:
+        raise Damaged("its header has no payload length and checksum: not a whole ddtrain checkpoint header")
+    if "header_sha256" in header and header["header_sha256"] != header_checksum(header):
+        raise Damaged("its header was changed after writing (header checksum mismatch): checkpoints cannot be "
+                      "edited by hand; resume from the file as written, or start afresh")
+    _check_fields(header)
+    expected = offset + header["payload_bytes"]
     if size != expected:
         raise Damaged(f"{'truncated' if size < expected else 'too long'}: {size} of {expected} bytes")
     return header, offset
@@ -114,10 +148,18 @@ def read(path) -> tuple[dict, dict]:
     try:
         payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # weights_only refuses anything but tensors and plain containers
-        lines = str(exc).splitlines()
-        why = next((line.strip() for line in lines if "Unpickler error" in line), lines[0] if lines else "")
-        raise Damaged(f"refused by torch.load(weights_only=True): {why[:200]}") from None
+        raise Damaged(f"refused by torch.load(weights_only=True): {_refusal(exc)}") from None
     return header, payload
+
+
+def _refusal(exc: BaseException) -> str:
+    """The one sentence of torch.load's refusal that says what was refused (not its advice to turn checks off)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if "GLOBAL" in line or "Unpickler error" in line or "Unsupported" in line:
+            return line.split("Unpickler error: ", 1)[-1] + " (a checkpoint holds tensors and plain values only)"
+    first = lines[0] if lines else type(exc).__name__
+    return first if len(first) <= 160 else first[:first.rfind(" ", 0, 160)] + " ..."
 
 
 def newest(directory, *, warn=None, quarantine: bool = False):
@@ -266,6 +308,24 @@ def save(directory, step: int, header: dict, part: dict, shared: dict | None, *,
     return path
 
 
+def check_payload(payload, header: dict, path) -> None:
+    """Raise DDTrainError naming the file when a readable payload is not what ``save`` writes."""
+    def bad(what):
+        return DDTrainError(f"checkpoint {path} cannot be resumed from: {what} (it was not written by ddtrain's "
+                            "training loop, or was edited); remove it or resume from another")
+    if not isinstance(payload, dict) or not isinstance(payload.get("ranks"), list):
+        raise bad("its payload has no list of per-rank parts ('ranks')")
+    ranks = payload["ranks"]
+    if len(ranks) != header.get("world_size", len(ranks)):
+        raise bad(f"its payload has {len(ranks)} per-rank parts but its header says world_size={header['world_size']}")
+    for r, part in enumerate(ranks):
+        if not isinstance(part, dict) or not {"rng", "rng_epoch", "meter"} <= part.keys():
+            raise bad(f"rank {r}'s part lacks its RNG states or metric sums")
+    state = payload.get("shared") if payload.get("shared") is not None else (ranks[0] if ranks else {})
+    if not (isinstance(state, dict) and isinstance(state.get("model"), dict) and isinstance(state.get("optimizer"), dict)):
+        raise bad("it holds no model and optimizer state")
+
+
 def restore(directory, *, required: bool, warn, check=None):
     """Every rank's part of the newest whole checkpoint: (header, shared, my part), or None if none.
 
@@ -283,6 +343,7 @@ def restore(directory, *, required: bool, warn, check=None):
                 path, header, payload = found
                 if check:
                     check({**header, "path": str(path)})
+                check_payload(payload, header, path)
                 ranks = payload["ranks"]
                 verdict = {"path": str(path), "header": header}
                 parts = [(payload["shared"], part) for part in ranks]
@@ -376,11 +437,18 @@ class Checkpointer:
             return
         header, shared, part = got
         state = shared if shared is not None else part
-        self.module.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scaler is not None and state.get("scaler"):
-            self.scaler.load_state_dict(state["scaler"])
-        set_rng_state(part["rng"])
+        try:
+            self.module.load_state_dict(state["model"])
+            self.optimizer.load_state_dict(state["optimizer"])
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+            set_rng_state(part["rng"])
+        except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
+            lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+            detail = "; ".join(lines[:3]) if lines else type(exc).__name__
+            raise (DDTrainError if runtime.rank() == 0 else PeerStopped)(  # one message, from rank 0
+                f"checkpoint {header['path']} cannot be resumed from: its state does not fit this model and "
+                f"optimizer ({detail[:300]}); it was edited, or written by another program") from None
         self.step, self.epoch, self._skip = header["step"], header["epoch"], header["step_in_epoch"]
         self._part = part
         self.record["epochs"] = list(header.get("epochs_done", []))

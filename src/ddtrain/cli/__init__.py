@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import signal
 import sys
 
 from ddtrain.errors import ConfigError, DDTrainError
@@ -42,8 +44,63 @@ def _match(argv: list[str]):
     return None, argv
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived (raised by the handler main installs in a process no launcher started)."""
+
+
+def _on_sigterm(_signum, _frame):
+    raise Terminated()
+
+
+def check_environment() -> None:
+    """The environment variables ddtrain reads, checked before any command runs (DDTrainError, one line)."""
+    from ddtrain.dist.config import default_timeout_s
+    from ddtrain.reliability.faults import from_env
+    default_timeout_s()
+    from_env()
+    for name, low, high in (("MASTER_PORT", 1, 65535), ("RANK", 0, None), ("WORLD_SIZE", 1, None),
+                            ("LOCAL_RANK", 0, None), ("LOCAL_WORLD_SIZE", 1, None)):
+        raw = os.environ.get(name, "")
+        if raw == "":
+            continue
+        try:
+            value = int(raw)
+        except ValueError:
+            raise DDTrainError(f"environment variable {name}={raw!r} is not an integer") from None
+        if value < low or (high is not None and value > high):
+            bounds = f"from {low} to {high}" if high is not None else f">= {low}"
+            raise DDTrainError(f"environment variable {name}={raw!r} must be {bounds}")
+    if os.environ.get("RANK", "") != "" and os.environ.get("WORLD_SIZE", "") != "" \
+            and int(os.environ["RANK"]) >= int(os.environ["WORLD_SIZE"]):
+        raise DDTrainError(f"environment variables RANK={os.environ['RANK']} and WORLD_SIZE="
+                           f"{os.environ['WORLD_SIZE']}: the rank must be below the world size")
+    backend = os.environ.get("DDTRAIN_BACKEND", "")
+    if backend not in ("", "gloo", "nccl"):
+        raise DDTrainError(f"environment variable DDTRAIN_BACKEND={backend!r}: valid: gloo, nccl")
+
+
+def _drop_stale_launch_variables(rest: list[str]) -> None:
+    """``--nproc N`` in a shell that kept RANK/WORLD_SIZE of an earlier job: say so, and start the N workers."""
+    own = rest[:rest.index("--")] if "--" in rest else rest
+    if not any(a == "--nproc" or a.startswith("--nproc=") for a in own):
+        return
+    from ddtrain.dist.launch import stale_launch_variables
+    stale = stale_launch_variables()
+    if stale:
+        shown = " ".join(f"{name}={os.environ[name]}" for name in stale)
+        print(f"ddtrain: warning: ignoring {shown} from the environment: no launcher started this process "
+              f"(no TORCHELASTIC_RUN_ID), and --nproc starts the workers", file=sys.stderr, flush=True)
+        for name in stale:
+            del os.environ[name]
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        check_environment()
+    except DDTrainError as exc:
+        print(f"ddtrain: error: {exc}", file=sys.stderr, flush=True)
+        return 2
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(_usage())
         return 0
@@ -58,6 +115,41 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddtrain: error: unknown command {' '.join(argv[:2])!r}{hint}\n\n{_usage()}", file=sys.stderr)
         return 2
     module_name, help_ = COMMANDS[words]
+    _drop_stale_launch_variables(rest)
+    from ddtrain.dist.launch import LAUNCHER_PID_ENV, die_with_launcher, inside_launcher
+    worker = inside_launcher() and LAUNCHER_PID_ENV in os.environ  # a rank that run_local started
+    if worker:
+        die_with_launcher()
+        # Stopped by the launcher's agent (it forwards Ctrl-C and SIGTERM): end now, even inside a
+        # collective that would hold a KeyboardInterrupt back until it returns; the launcher reports.
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+    elif not os.environ.get("DDTRAIN_DEBUG") and "TORCH_CPP_LOG_LEVEL" not in os.environ:
+        # torch's C++ side prints its failed connects and timeouts with stack frames; ddtrain names them itself
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+        os.environ["DDTRAIN_SET_CPP_LOG_LEVEL"] = "1"
+    previous = None
+    if not inside_launcher() and threading_is_main():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)  # exit 143 with one line, not a traceback
+    try:
+        return _run(module_name, words, help_, rest)
+    except KeyboardInterrupt:  # under run_local, the launcher says it once for the job
+        if not worker:
+            print("ddtrain: interrupted (Ctrl-C)", file=sys.stderr, flush=True)
+        return 130
+    except Terminated:
+        print("ddtrain: stopped by SIGTERM", file=sys.stderr, flush=True)
+        return 143
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def threading_is_main() -> bool:
+    import threading
+    return threading.current_thread() is threading.main_thread()
+
+
+def _run(module_name: str, words, help_: str, rest: list[str]) -> int:
     module = importlib.import_module(module_name)
     parser = argparse.ArgumentParser(prog="ddtrain " + " ".join(words), description=help_,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -77,9 +169,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except Exception as exc:  # a bug or a failed peer: one line per rank, the traceback on request
         return _report_unexpected(exc)
-    except KeyboardInterrupt:
-        print("ddtrain: interrupted", file=sys.stderr)
-        return 130
 
 
 PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET",

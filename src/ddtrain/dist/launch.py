@@ -3,16 +3,23 @@
 ``ddtrain <command> --nproc N`` calls ``run_local(N, argv)`` when no launcher environment is
 present: torchrun's elastic agent then starts ``python -m ddtrain <argv>`` N times with
 RANK/WORLD_SIZE/MASTER_* set, on 127.0.0.1 and a free port, restarting all of them up to
-``max_restarts`` times after a failure. The workers report their own errors (one line,
-prefixed with their rank); here we only say which worker ended the job and return non-zero.
+``max_restarts`` times after a failure. The workers' stderr goes to log files (torchrun's
+``--redirects``): their own notes are passed on as they come, and when the job fails the
+launcher prints one line, the first cause's message, naming the file that holds everything.
+Each worker dies with the launcher, however the launcher dies (``die_with_launcher``).
 """
 from __future__ import annotations
 
+import glob
 import logging
 import os
+import re
+import shutil
 import signal
 import socket
 import sys
+import tempfile
+import threading
 
 from ddtrain.errors import DDTrainError
 
@@ -20,12 +27,70 @@ LAUNCH_ENV_MARKERS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"
 # A rank that stops because rank 0 reports the problem (once) exits with this status, silently.
 PEER_STOPPED_EXIT = 4
 LOST_PEER_EXIT = 5       # a rank whose connection to a failed peer broke (cli._report_unexpected)
+LAUNCHER_PID_ENV = "DDTRAIN_LAUNCHER_PID"   # set by run_local for its workers (die_with_launcher)
+# torchrun's per-rank variables: in a process no torchrun started (no TORCHELASTIC_RUN_ID) they are stale.
+TORCHRUN_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT",
+                      "TORCHELASTIC_MAX_RESTARTS")
 
 
 def inside_launcher() -> bool:
     """True when a launcher (torchrun, srun, mpirun) already started this process as a rank."""
     from ddtrain.dist.env import launched  # an sbatch batch shell has SLURM_PROCID too, but is no task
     return launched()
+
+
+def stale_launch_variables(environ=None) -> list[str]:
+    """torchrun's rank variables set although no torchrun started this process (left in the shell by an earlier job)."""
+    env = os.environ if environ is None else environ
+    if "RANK" not in env or env.get("TORCHELASTIC_RUN_ID"):
+        return []
+    return [name for name in TORCHRUN_RANK_VARS if name in env]
+
+
+def die_with_launcher() -> None:
+    """In a worker run_local started: be killed with the launcher, however it ends (SIGKILL included).
+
+    Linux's parent-death signal does it in the kernel; elsewhere a thread watches the parent.
+    A launcher already gone before we asked means nobody waits for this worker: it exits.
+    """
+    try:
+        launcher = int(os.environ.get(LAUNCHER_PID_ENV, ""))
+    except ValueError:
+        return
+    if os.getppid() != launcher:
+        if not _alive(launcher):
+            os._exit(1)
+        return  # a process started further down (not by torchrun's agent): not ours to tie
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+            libc = ctypes.CDLL(None, use_errno=True)
+            pr_set_pdeathsig = 1
+            if libc.prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0) == 0:
+                if os.getppid() != launcher:  # it died between the first check and prctl
+                    os._exit(1)
+                return
+        except (OSError, AttributeError):
+            pass
+    threading.Thread(target=_watch_parent, args=(launcher,), daemon=True, name="ddtrain-launcher-watch").start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _watch_parent(launcher: int) -> None:
+    import time
+    while os.getppid() == launcher:
+        time.sleep(0.5)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -50,9 +115,10 @@ def strip_option(argv: list[str], name: str) -> list[str]:
 
 def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict | None = None,
               module: str = "ddtrain") -> int:
-    """Run ``python -m <module> <argv>`` as ``nproc`` ranks; the job's exit status."""
+    """Run ``python -m <module> <argv>`` as ``nproc`` ranks; the job's exit status (128 + N when signal N stopped it)."""
     if nproc < 1:
         raise DDTrainError(f"--nproc must be at least 1, got {nproc}")
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run
 
@@ -63,9 +129,18 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
         os.environ["OMP_NUM_THREADS"] = str(max(1, cores // nproc))
         os.environ["DDTRAIN_SET_OMP_NUM_THREADS"] = "1"
     os.environ.update(env or {})
-    if not os.environ.get("DDTRAIN_DEBUG"):
-        logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)
-    notice = _RestartNotice(max_restarts)
+    os.environ[LAUNCHER_PID_ENV] = str(os.getpid())
+    debug = bool(os.environ.get("DDTRAIN_DEBUG"))
+    if not debug:
+        # torchelastic's loggers carry levels of their own (LOGLEVEL): the agent's notes, such as
+        # "Received 2 death signal", would print around ddtrain's one line.
+        for name in ["torch.distributed", *logging.root.manager.loggerDict]:
+            if name.startswith("torch.distributed"):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
+        if os.environ.pop("DDTRAIN_SET_CPP_LOG_LEVEL", None):  # cli.main quietened C++ logs here, not in the log files
+            os.environ.pop("TORCH_CPP_LOG_LEVEL", None)
+    logs = None if debug else WorkerLogs()
+    notice = _RestartNotice(max_restarts, logs)
     port = free_port()
     if max_restarts:
         # The static rendezvous keeps one store for every attempt, so a restarted process group
@@ -77,16 +152,44 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
         rendezvous = ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port)]
     args = _torchrun_parser().parse_args(["--nnodes", "1", "--nproc-per-node", str(nproc), *rendezvous,
                        "--max-restarts", str(max_restarts), "--monitor-interval", "0.2",
+                       *([] if logs is None else ["--log-dir", logs.root, "--redirects", "2"]),
                        "--module", module, *argv])
+    failed = True
     try:
         run(args)
+        failed = False
     except ChildFailedError as exc:
         rank, failure = cause(exc.failures)
-        print(f"ddtrain: error: {describe_failure(rank, failure.exitcode)}", file=sys.stderr, flush=True)
+        print(failure_line(rank, failure, logs), file=sys.stderr, flush=True)
         return failure.exitcode if failure.exitcode > 0 else 1
+    except SignalException as exc:  # torchrun's handler: it has stopped the workers with the same signal
+        failed = False
+        return stopped_by(int(exc.sigval))
+    except KeyboardInterrupt:  # before torchrun's handler was in place
+        failed = False
+        return stopped_by(signal.SIGINT)
     finally:
         notice.close()
+        if logs is not None:
+            logs.close(keep=failed)
     return 0
+
+
+def stopped_by(signum: int) -> int:
+    """One line for a job stopped by a signal (Ctrl-C, SIGTERM); the exit status a shell gives it (128 + N)."""
+    name = signal.Signals(signum).name
+    what = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {name}"
+    print(f"ddtrain: {what}; the workers were stopped", file=sys.stderr, flush=True)
+    return 128 + int(signum)
+
+
+def failure_line(rank: int, failure, logs) -> str:
+    """The one line a failed job prints: the first cause's own message, or what happened to it, and its log."""
+    line, path = logs.message(failure.local_rank) if logs is not None else (None, None)
+    where = f" (rank {rank}'s full output: {path})" if path else ""
+    if line and "ddtrain: error:" in line:
+        return line + where
+    return f"ddtrain: error: {describe_failure(rank, failure.exitcode, line, logs is None)}{where}"
 
 
 def _priority(exitcode: int) -> int:
@@ -111,9 +214,9 @@ class _RestartNotice(logging.Handler):
     PROC_LOGGER = "torch.distributed.elastic.multiprocessing.api"
     AGENT_LOGGER = "torch.distributed.elastic.agent.server.api"
 
-    def __init__(self, max_restarts: int):
+    def __init__(self, max_restarts: int, logs=None):
         super().__init__(logging.INFO)
-        self.max_restarts, self.last = max_restarts, None
+        self.max_restarts, self.last, self.logs = max_restarts, None, logs
         self.loggers = [logging.getLogger(name) for name in (self.PROC_LOGGER, self.AGENT_LOGGER)] \
             if max_restarts > 0 and not os.environ.get("DDTRAIN_DEBUG") else []
         self.saved = [(lg.level, lg.propagate) for lg in self.loggers]
@@ -128,7 +231,9 @@ class _RestartNotice(logging.Handler):
             self.last = (record.args[1], record.args[0])  # (local rank, exit code)
         elif "attempts left" in msg:
             left = record.args[2]
-            what = describe_failure(*self.last).split(";")[0] if self.last else "a worker failed"
+            detail = self.logs.message(self.last[0])[0] if self.logs is not None and self.last else None
+            what = describe_failure(*self.last, detail, self.logs is None).split(";")[0] if self.last \
+                else "a worker failed"
             print(f"ddtrain: {what}; restarting all workers (restart {self.max_restarts - left + 1} of "
                   f"{self.max_restarts})", file=sys.stderr, flush=True)
 
@@ -140,14 +245,114 @@ class _RestartNotice(logging.Handler):
         super().close()
 
 
-def describe_failure(rank: int, exitcode: int) -> str:
+def describe_failure(rank: int, exitcode: int, message: str | None = None, shown_above: bool = False) -> str:
+    """What happened to a worker, with its own last words (``message``) when it left some."""
     if exitcode < 0:
         try:
             name = signal.Signals(-exitcode).name
         except ValueError:
             name = f"signal {-exitcode}"
         return f"worker rank {rank} was killed by {name}; the job was stopped"
-    return f"worker rank {rank} failed with exit code {exitcode} (its message is above); the job was stopped"
+    said = f": {_bare(message)}" if message else (" (its message is above)" if shown_above else "")
+    return f"worker rank {rank} failed with exit code {exitcode}{said}; the job was stopped"
+
+
+def _bare(line: str) -> str:
+    """A worker's line without its '[rank N] ' and 'ddtrain: error: ' prefixes."""
+    return re.sub(r"^(\[rank \d+\] )?(ddtrain: error: )?", "", line.strip())
+
+
+class WorkerLogs:
+    """The workers' stderr, which torchrun writes under ``root``: read as it grows, by a thread.
+
+    Lines the workers print for the user (their notes and warnings) go on to this process's
+    stderr as they come; their error lines are kept for the launcher's one line; C++ log
+    records and tracebacks stay in the files, which are deleted after a job that did not fail.
+    """
+
+    CPP_LOG = re.compile(r"^\[[IWEF]\d{4} \d\d:\d\d:\d\d|^Exception raised from |^frame #\d+: |^<omitting python frames>")
+    ERROR = ("ddtrain: error:", "stopped: lost contact with another rank")
+
+    def __init__(self):
+        self.root = tempfile.mkdtemp(prefix="ddtrain-logs-")
+        self.files: dict[str, dict] = {}
+        self.errors: dict[tuple[int, int], str] = {}    # (attempt, local rank) -> its first error line
+        self.last: dict[tuple[int, int], str] = {}      # (attempt, local rank) -> the end of its traceback
+        self.lock = threading.Lock()
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._follow, daemon=True, name="ddtrain-worker-logs")
+        self.thread.start()
+
+    def _follow(self) -> None:
+        while not self.done.wait(0.1):
+            self.poll()
+
+    def poll(self) -> None:
+        with self.lock:
+            for path in sorted(glob.glob(os.path.join(self.root, "**", "stderr.log"), recursive=True)):
+                self._read(path)
+
+    @staticmethod
+    def _key(path: str) -> tuple[int, int]:
+        parts = path.split(os.sep)  # <root>/<run id>/attempt_<k>/<local rank>/stderr.log
+        try:
+            return int(parts[-3].rsplit("_", 1)[-1]), int(parts[-2])
+        except (IndexError, ValueError):
+            return 0, 0
+
+    def _read(self, path: str, final: bool = False) -> None:
+        state = self.files.setdefault(path, {"offset": 0, "partial": "", "traceback": False})
+        try:
+            with open(path, "rb") as f:
+                f.seek(state["offset"])
+                data = f.read()
+        except OSError:
+            return
+        state["offset"] += len(data)
+        *lines, state["partial"] = (state["partial"] + data.decode("utf-8", "replace")).split("\n")
+        if final and state["partial"]:
+            lines.append(state["partial"])
+            state["partial"] = ""
+        for line in lines:
+            self._line(self._key(path), state, line.rstrip("\r"))
+
+    def _line(self, key, state, line: str) -> None:
+        if line.startswith("Traceback (most recent call last)"):
+            state["traceback"] = True
+            return
+        if state["traceback"]:
+            if not line.strip() or line[:1].isspace() or line.startswith(("During handling", "The above exception")):
+                return
+            state["traceback"] = False
+            self.last[key] = line  # the exception itself
+            return
+        if any(mark in line for mark in self.ERROR):
+            self.errors.setdefault(key, line)
+            return
+        if not line.strip() or self.CPP_LOG.search(line):
+            return
+        print(line, file=sys.stderr, flush=True)
+
+    def message(self, local_rank: int) -> tuple[str | None, str | None]:
+        """(the error line, the log file) of ``local_rank`` in the newest attempt it has a log in."""
+        self.poll()
+        with self.lock:
+            attempts = [a for a, r in (self._key(p) for p in self.files) if r == local_rank]
+            if not attempts:
+                return None, None
+            key = (max(attempts), local_rank)
+            path = next(p for p in self.files if self._key(p) == key)
+            return self.errors.get(key) or self.last.get(key), path
+
+    def close(self, keep: bool) -> None:
+        """Stop following (after a last read); the files go unless ``keep``."""
+        self.done.set()
+        self.thread.join(timeout=5)
+        with self.lock:
+            for path in list(self.files):
+                self._read(path, final=True)
+        if not keep:
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 def _torchrun_parser():

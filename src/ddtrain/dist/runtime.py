@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ddtrain.dist.config import default_timeout_s
+from ddtrain.dist import rendezvous
 from ddtrain.dist.env import LaunchEnv, detect_env, local_device, restart_store_warning
 from ddtrain.errors import DDTrainError
 
@@ -63,7 +64,8 @@ def init(*, backend: str | None = None, timeout_s: float | None = None, device: 
         os.environ.setdefault("MASTER_ADDR", env.master_addr)
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
         kwargs = dict(backend=chosen, rank=env.rank, world_size=env.world_size,
-                      timeout=datetime.timedelta(seconds=timeout_s), init_method="env://")
+                      timeout=datetime.timedelta(seconds=timeout_s),
+                      init_method=rendezvous.init_method(timeout_s))  # bounded on every rank, the cause named
         if chosen == "nccl":
             kwargs["device_id"] = dev
         dist.init_process_group(**kwargs)

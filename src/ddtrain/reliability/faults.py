@@ -31,18 +31,38 @@ class InjectedFault(RuntimeError):
 
 
 def _parse(text: str) -> dict:
-    spec = dict(item.split("=", 1) for item in text.split(",") if "=" in item)
+    usage = f"environment variable DDTRAIN_FAULT={text!r}: expected rank=R,step=S,kind=K (K one of {', '.join(KINDS)})"
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if any("=" not in item for item in items):
+        raise DDTrainError(usage)
+    spec = dict(item.split("=", 1) for item in items)
+    unknown = sorted(set(spec) - {"rank", "step", "kind"})
+    if unknown:
+        raise DDTrainError(f"{usage}; unknown key {unknown[0]!r}")
     try:
         rank, step = int(spec["rank"]), int(spec["step"])
     except (KeyError, ValueError):
-        raise DDTrainError(f"DDTRAIN_FAULT={text!r}: expected rank=R,step=S,kind=K") from None
+        raise DDTrainError(usage) from None
+    if rank < 0 or step < 0:
+        raise DDTrainError(f"{usage}; rank and step must be >= 0")
     kind = spec.get("kind", "raise")
     if kind not in KINDS:
-        raise DDTrainError(f"DDTRAIN_FAULT kind {kind!r}: valid: {', '.join(KINDS)}")
+        raise DDTrainError(f"environment variable DDTRAIN_FAULT kind {kind!r}: valid: {', '.join(KINDS)}")
     return {"rank": rank, "step": step, "kind": kind}
 
 
-_fault = _parse(os.environ["DDTRAIN_FAULT"]) if os.environ.get("DDTRAIN_FAULT") else None
+def from_env() -> dict | None:
+    """The fault DDTRAIN_FAULT asks for, or None; DDTrainError (one line) for a value that is not one."""
+    text = os.environ.get("DDTRAIN_FAULT", "")
+    return _parse(text) if text.strip() else None
+
+
+# Parsed once per process; a bad value is reported by the command line before anything runs
+# (cli.main checks the environment), and raised here only when a fault is looked up.
+try:
+    _fault, _fault_error = from_env(), None
+except DDTrainError as _exc:
+    _fault, _fault_error = None, _exc
 
 
 class FaultInjector:
@@ -57,11 +77,15 @@ class FaultInjector:
 
 def injectors(rank: int) -> list:
     """The callbacks ``fit`` adds: a ``FaultInjector`` when DDTRAIN_FAULT names this rank, else none."""
+    if _fault_error is not None:
+        raise _fault_error
     return [FaultInjector(rank)] if _fault is not None and _fault["rank"] == rank else []
 
 
 def maybe_inject(step: int, rank: int, module=None) -> None:
     """Called at the start of every training step; does nothing unless DDTRAIN_FAULT matches."""
+    if _fault_error is not None:
+        raise _fault_error
     if _fault is None or _fault["rank"] != rank or _fault["step"] != step:
         return
     if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:

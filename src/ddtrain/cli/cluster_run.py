@@ -5,7 +5,8 @@
          -- ddtrain train --strategy ps-sync …      # ps-sync's server is the last rank: give it the last node
 
 World size = nodes × procs-per-node (a ``--nproc`` of the inner command is not used: the
-cluster is the launcher). Prints each node's traffic at the end; the exit status is the job's.
+cluster is the launcher). With ``--slurm`` a real SLURM runs in the nodes and the command
+(``srun …``, ``sbatch --wait …``) runs on node 0; SLURM decides the ranks. Prints each node's traffic at the end; the exit status is the job's.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import sys
 import tempfile
 
 from ddtrain.errors import DDTrainError
-from ddtrain.cluster import netns
+from ddtrain.cluster import netns, slurm
 from ddtrain.cluster.run import emulated_cluster, run_in_cluster, target_argv
 
 
@@ -38,6 +39,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also write the per-node traffic (and samples) as JSON to this file")
     parser.add_argument("--traffic-interval", type=float, default=0.0,
                         help="sample every node's byte counters this often, in seconds (0: only before and after)")
+    parser.add_argument("--slurm", action="store_true",
+                        help="start a real SLURM (munge, slurmctld, one slurmd per node) and run the command on "
+                             "node 0 as on a login node, e.g. 'srun -N 2 --ntasks-per-node 2 python train.py' or "
+                             "'sbatch --wait job.sbatch'")
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="after --: 'ddtrain COMMAND …', 'python -m MODULE …' or 'python SCRIPT.py …'")
 
@@ -46,7 +51,14 @@ def main(args) -> int:
     command = list(args.command)
     if command[:1] == ["--"]:
         command = command[1:]
-    target_argv(command)  # refuse a bad command before touching anything
+    if args.slurm:
+        if not command:
+            raise DDTrainError("--slurm needs a command after --, e.g. srun -N 2 python train.py")
+        missing = slurm.missing_requirements()
+        if missing:
+            raise DDTrainError("cannot run SLURM in the emulated cluster; missing: " + "; ".join(missing))
+    else:
+        target_argv(command)  # refuse a bad command before touching anything
     if args.nodes < 1 or args.procs_per_node < 1:
         raise DDTrainError(f"--nodes and --procs-per-node must be at least 1, got {args.nodes} and "
                            f"{args.procs_per_node}")
@@ -58,8 +70,11 @@ def main(args) -> int:
         with emulated_cluster(args.nodes, link_bps, server_link=server_bps, server_node=args.server_node,
                               keep=args.keep) as cluster:
             print(_header(cluster, args.procs_per_node), flush=True)
-            result = run_in_cluster(cluster, command, procs_per_node=args.procs_per_node,
-                                    timeout_s=args.timeout_s, sample_s=args.traffic_interval)
+            if args.slurm:
+                result = slurm.run_with_slurm(cluster, command, timeout_s=args.timeout_s)
+            else:
+                result = run_in_cluster(cluster, command, procs_per_node=args.procs_per_node,
+                                        timeout_s=args.timeout_s, sample_s=args.traffic_interval)
             print(result.traffic_table(), flush=True)
             if args.traffic_out:
                 _write_json(args.traffic_out, {"cluster": _describe(cluster, args, command), **result.to_dict()})

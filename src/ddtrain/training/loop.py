@@ -33,7 +33,7 @@ from ddtrain.sync import strategy_spec, wrap
 from ddtrain.training import recipe
 from ddtrain.training.callbacks import TrainState, bound
 from ddtrain.training.evaluate import Meter, autocast, evaluate
-from ddtrain.training.progress import ProgressBar, epoch_line
+from ddtrain.training.progress import PLAIN_EVERY_S, ProgressBar, epoch_line
 
 
 def build_optimizer(config: TrainConfig, params, workers: int = 1) -> torch.optim.Optimizer:
@@ -170,7 +170,9 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
             hook(epoch, state)
         meter = Meter(device, classify)
         data_s = compute_s = optimizer_s = 0.0
-        bar = ProgressBar(per_epoch, f"Epoch {epoch}/{state.epochs}", enabled=rank0)
+        # with --log-every the step lines already say how far it is: no plain progress lines besides
+        bar = ProgressBar(per_epoch, f"Epoch {epoch}/{state.epochs}", enabled=rank0,
+                          every_s=math.inf if log_every else PLAIN_EVERY_S)
         start = last = time.perf_counter()
         steps_done, took = checkpointer.enter_epoch(epoch, meter) if checkpointer is not None else (0, 0.0)
         start -= took  # a resumed epoch counts the time its first part took
@@ -219,7 +221,7 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
                 checkpointer.save(step, steps_done)
             if replicas is not None and replicas.due(step, end_of_epoch):
                 replicas.check(step)
-            bar.update(steps_done, f"loss {loss.item():.4f}" if bar.enabled else "")
+            bar.update(steps_done, lambda: f"loss {loss.item():.4f}")
             if rank0 and log_every and step % log_every == 0:
                 runtime.print0(f"  step {step} - loss: {loss.item():.4f}")
             if step_end:  # the step's clock readings, measured once above

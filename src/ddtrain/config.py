@@ -49,7 +49,7 @@ class TrainConfig:
     lr_reference_batch: int = 256          # the global batch --lr is meant for (--scale-lr)
     lr_schedule: Literal["constant", "step", "multistep", "cosine", "onecycle", "linear"] = "constant"   # learning rate over the optimizer updates, after the warm-up
     lr_warmup_steps: int = 0               # optimizer updates of linear warm-up to the peak lr
-    lr_warmup_epochs: float = 0.0          # warm-up in epochs (when --warmup-steps is 0)
+    lr_warmup_epochs: float = 0.0          # warm-up in epochs (used when --warmup-steps is 0)
     lr_gamma: float = 0.1                  # step/multistep: factor applied at each milestone
     lr_step_epochs: float = 0.0            # step: epochs between decays (0: a third of the run)
     lr_milestones: str = ""                # multistep: epochs at which lr is multiplied by --lr-gamma, e.g. 30,60,80 (default: half and three quarters of the run)
@@ -110,8 +110,6 @@ class TrainConfig:
             raise ConfigError("lr_gamma", f"must be in (0, 1], got {self.lr_gamma}")
         if not 0 <= self.label_smoothing < 1:
             raise ConfigError("label_smoothing", f"must be in [0, 1), got {self.label_smoothing}")
-        if self.lr_warmup_steps and self.lr_warmup_epochs:
-            raise ConfigError("lr_warmup_epochs", "and --warmup-steps are both given: choose one")
         if not isinstance(self.lr_milestones, str):  # a config file may give a list
             self.lr_milestones = ",".join(str(v) for v in self.lr_milestones)
         for name, allowed in (("amp", AMP_MODES), ("optimizer", OPTIMIZERS), ("data_on_device", ("auto", "yes", "no")),

@@ -170,13 +170,14 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
             hook(epoch, state)
         meter = Meter(device, classify)
         data_s = compute_s = optimizer_s = 0.0
-        # with --log-every the step lines already say how far it is: no plain progress lines besides
-        bar = ProgressBar(per_epoch, f"Epoch {epoch}/{state.epochs}", enabled=rank0,
-                          every_s=math.inf if log_every else PLAIN_EVERY_S)
         start = last = time.perf_counter()
         steps_done, took = checkpointer.enter_epoch(epoch, meter) if checkpointer is not None else (0, 0.0)
         start -= took  # a resumed epoch counts the time its first part took
         state.steps_done = steps_done
+        # with --log-every the step lines already say how far it is: no plain progress lines besides
+        left = min(per_epoch, steps_done + max_steps - step) if max_steps else per_epoch   # --steps may end it early
+        bar = ProgressBar(left, f"Epoch {epoch}/{state.epochs}", enabled=rank0,
+                          every_s=math.inf if log_every else PLAIN_EVERY_S)
         # steps_done > 0 only in the epoch a checkpoint stopped in: its trained batches are drawn and dropped
         batches = checkpointer.batches(loader, steps_done * k) if steps_done else loader
         for group in _groups(batches, k) if k > 1 else ([b] for b in batches):

@@ -209,17 +209,13 @@ def check_dir(config, fingerprint: dict) -> None:
     if Path(directory).exists() and not Path(directory).is_dir():
         raise DDTrainError(f"--checkpoint-dir '{directory}' is a file, not a directory")
     files.check_writable(Path(directory) / "ckpt", "--checkpoint-dir")
-    previous = ownership.claim(directory, "launcher")
-    import atexit
-    atexit.register(ownership.release, directory, "launcher")
-    if previous:
-        print(f"ddtrain: note: --checkpoint-dir {directory} was held by {ownership.describe(previous)}, which ended "
-              "without releasing it; this run takes it over", file=sys.stderr, flush=True)
+    ownership.check_free(directory)  # a running run's directory: say so before anything else
     found = listing(directory)
     if not config.reliability.resume:
         if found:
             raise DDTrainError(f"--checkpoint-dir {directory} already holds checkpoints (newest: {found[0][1].name}); "
                                "pass --resume to continue from it, or choose an empty directory")
+        _take(directory)
         ownership.start_lineage(directory)
         return
     if not found:
@@ -232,6 +228,7 @@ def check_dir(config, fingerprint: dict) -> None:
             damaged.append(f"{path.name} ({exc})")
             continue
         check_resumable(header, fingerprint, path)
+        _take(directory)
         ownership.ensure_lineage(directory)
         theirs = ownership.check_lineage(header, directory, path, resume_any=config.reliability.resume_any)
         if theirs:
@@ -241,6 +238,16 @@ def check_dir(config, fingerprint: dict) -> None:
                   file=sys.stderr, flush=True)
         return
     raise DDTrainError(f"--resume: every checkpoint in {directory} is damaged: {'; '.join(damaged)}")
+
+
+def _take(directory) -> None:
+    """The launching process holds the directory until it exits (its workers are the same run)."""
+    previous = ownership.claim(directory, "launcher")
+    import atexit
+    atexit.register(ownership.release, directory, "launcher")
+    if previous:
+        print(f"ddtrain: note: --checkpoint-dir {directory} was held by {ownership.describe(previous)}, which ended "
+              "without releasing it; this run takes it over", file=sys.stderr, flush=True)
 
 
 # ---- what a rank contributes ----------------------------------------------------------------

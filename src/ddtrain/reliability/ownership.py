@@ -112,6 +112,15 @@ def _holder(path: Path) -> dict | None:
         os.close(fd)  # closing drops a flock we took only to test
 
 
+def check_free(directory) -> None:
+    """Raise DirectoryInUse naming the owner when a process of another run holds ``directory`` (creates nothing)."""
+    me = run_id()
+    for name in LOCKS.values():
+        owner = _holder(Path(directory) / name)
+        if owner is not None and owner.get("run_id") != me:
+            raise _in_use(directory, owner)
+
+
 def claim(directory, role: str) -> dict | None:
     """Hold ``directory``'s lock for ``role`` ("launcher" or "rank0") until this process ends or ``release``.
 
@@ -120,12 +129,9 @@ def claim(directory, role: str) -> dict | None:
     whose lock is taken over), else None.
     """
     directory = Path(directory)
+    check_free(directory)
     directory.mkdir(parents=True, exist_ok=True)
     me = run_id()
-    for name in LOCKS.values():
-        owner = _holder(directory / name)
-        if owner is not None and owner.get("run_id") != me:
-            raise _in_use(directory, owner)
     path = directory / LOCKS[role]
     if str(path) in _held:
         return None

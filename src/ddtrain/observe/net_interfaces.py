@@ -2,12 +2,12 @@
 
 Which interface: ``GLOO_SOCKET_IFNAME`` (or ``NCCL_SOCKET_IFNAME``) when set, else the interfaces
 holding the local addresses of this process's established TCP connections (the process group's
-pairs and its store), read from ``/proc/self/net/tcp{,6}``. Counters come from ``/proc/net/dev``.
-Linux only; elsewhere the lookups come back empty. ``ddtrain.observe.monitor`` samples them.
+pairs and its store). Connections, addresses and counters come from psutil (the ``monitor``
+extra), on any system it supports; without psutil, from Linux's ``/proc`` (``/proc/self/net/tcp{,6}``,
+``/proc/net/dev``), and empty elsewhere. ``ddtrain.observe.monitor`` samples them.
 """
 from __future__ import annotations
 
-import fcntl
 import os
 import socket
 import struct
@@ -26,9 +26,22 @@ class NetCounters:
     tx_packets: int
 
 
-def read_net_dev(path: str = NET_DEV) -> dict[str, NetCounters]:
-    """Every interface's counters from ``/proc/net/dev`` (empty where the file does not exist)."""
+def _psutil():
     try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil
+
+
+def read_net_dev(path: str | None = None) -> dict[str, NetCounters]:
+    """Every interface's counters: psutil's ``net_io_counters(pernic=True)``, or ``path`` (``/proc/net/dev``) parsed."""
+    psutil = _psutil() if path is None else None
+    if psutil is not None:
+        return {name: NetCounters(c.bytes_recv, c.packets_recv, c.bytes_sent, c.packets_sent)
+                for name, c in psutil.net_io_counters(pernic=True).items()}
+    try:
+        path = path or NET_DEV
         with open(path) as f:
             lines = f.readlines()[2:]
     except OSError:
@@ -42,8 +55,22 @@ def read_net_dev(path: str = NET_DEV) -> dict[str, NetCounters]:
     return out
 
 
+def _addresses() -> dict[str, str]:
+    """IP address -> interface name, for every address of every interface."""
+    psutil = _psutil()
+    if psutil is None:
+        return {**_ipv4_addresses(), **_ipv6_addresses()}
+    out = {}
+    for name, addresses in psutil.net_if_addrs().items():
+        for a in addresses:
+            if a.family in (socket.AF_INET, socket.AF_INET6):
+                out[a.address.split("%")[0]] = name      # fe80::1%eth0 -> fe80::1
+    return out
+
+
 def _ipv4_addresses() -> dict[str, str]:
-    """IPv4 address -> interface name, for every interface that has one (SIOCGIFADDR)."""
+    """IPv4 address -> interface name, for every interface that has one (SIOCGIFADDR; without psutil)."""
+    import fcntl  # Unix only
     out = {}
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for _, name in socket.if_nameindex():
@@ -79,8 +106,21 @@ def _decode(hex_addr: str) -> str:
     return socket.inet_ntop(socket.AF_INET6, words)
 
 
+def _unmapped(address: str) -> str:
+    return address[7:] if address.startswith("::ffff:") and "." in address else address
+
+
 def connected_local_addresses(pid: str = "self") -> set[str]:
-    """Local IP addresses of ``pid``'s established TCP connections (from /proc)."""
+    """Local IP addresses of ``pid``'s established TCP connections (psutil, else /proc)."""
+    psutil = _psutil()
+    if psutil is not None:
+        try:
+            process = psutil.Process(None if pid == "self" else int(pid))
+            connections = getattr(process, "net_connections", None) or process.connections   # psutil < 6
+            return {_unmapped(c.laddr.ip) for c in connections(kind="tcp")
+                    if c.status == psutil.CONN_ESTABLISHED and c.laddr}
+        except (psutil.Error, OSError):
+            return set()
     inodes = set()
     try:
         for fd in os.listdir(f"/proc/{pid}/fd"):
@@ -115,6 +155,6 @@ def interfaces_in_use(env=None) -> list[str]:
     addresses = connected_local_addresses()
     if not addresses:
         return []
-    table = {**_ipv4_addresses(), **_ipv6_addresses()}
+    table = _addresses()
     found = {table.get(a) or ("lo" if a.startswith("127.") or a == "::1" else None) for a in addresses}
     return sorted(n for n in found if n)

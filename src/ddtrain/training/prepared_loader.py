@@ -7,8 +7,8 @@ changes, and every batch structure (tensors in tuples, lists, dicts, dataclasses
 
 Sharding rules (docs/PORTING.md):
 - map-style datasets: ``RankSampler`` draws the user's sampler's order for the epoch with a
-  random seed every rank shares (``seed + epoch``; a sampler with its own generator uses that),
-  and rank r takes positions r, r+R, r+2R, ... of it (DistributedSampler's rule, over any sampler).
+  random seed every rank shares (``seed + epoch``; a sampler with its own generator uses that;
+  ``shuffle=True`` gives DistributedSampler's permutation for that seed), and rank r takes positions r, r+R, r+2R, ... of it (DistributedSampler's rule, over any sampler).
   A training loader drops the last ``n mod R`` positions, so every rank runs the same number of
   steps and the union of the ranks' step-s batches is the step-s batch of one process with an
   R-times larger batch. An evaluation loader drops nothing: shards differ by at most one sample,
@@ -24,9 +24,16 @@ import dataclasses
 from collections.abc import Mapping
 
 import torch
-from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Sampler, get_worker_info
+from torch.utils.data import (DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler,
+                              get_worker_info)
 
 from ddtrain.errors import DDTrainError
+
+
+def _is_plain_shuffle(sampler) -> bool:
+    """Is ``sampler`` what ``DataLoader(shuffle=True)`` makes: one permutation from torch's global generator?"""
+    return (type(sampler) is RandomSampler and sampler.generator is None and not sampler.replacement
+            and sampler.num_samples == len(sampler.data_source))
 
 
 class RankSampler(Sampler):
@@ -48,6 +55,11 @@ class RankSampler(Sampler):
         """The user's sampler's order for the current epoch (the same on every rank)."""
         if hasattr(self.sampler, "set_epoch"):
             self.sampler.set_epoch(self.epoch)
+        if _is_plain_shuffle(self.sampler):
+            # shuffle=True: DistributedSampler(shuffle=True, seed=seed)'s own permutation, so a ported
+            # script sees exactly the samples of its plain-DDP twin, step for step
+            n = len(self.sampler.data_source)
+            return torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch)).tolist()
         # RandomSampler, WeightedRandomSampler, SubsetRandomSampler... draw from torch's global
         # generator when given none, and the ranks' global generators differ (per-rank seeds)
         with torch.random.fork_rng(devices=[]):

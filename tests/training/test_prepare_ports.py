@@ -1,0 +1,91 @@
+"""examples/ports: four scripts, each as plain DDP and ported to ddtrain, give the same numbers.
+
+On 2 Gloo ranks, each pair runs on a small slice of the bundled digits (400 training, 100 test
+images): the ported script with ``ddp`` and ``ring`` must print the losses and accuracies of
+its plain-DDP twin to 1e-6, including a resume from a snapshot or checkpoint (the port also
+resumes from the twin's checkpoint, saved with DDP's ``module.`` keys). Then the ported
+scripts run unchanged as one process and under ``torchrun --nproc-per-node 2``.
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO
+from multirank import run_ranks
+
+PORTS = REPO / "examples" / "ports"
+SLICE = ["--train-samples", "400", "--test-samples", "100"]
+SCRIPTS = ["mnist_steplr", "trainer_snapshot", "imagenet_style", "horovod_mnist"]
+
+
+def run_pair(script: str, strategy: str, workdir: str):
+    """On every rank: (the plain-DDP twin's history, the port's), with a resume where the script has one."""
+    import importlib
+
+    import ddtrain
+    sys.path.insert(0, str(PORTS))
+    plain, port = (importlib.import_module(f"{script}_{kind}") for kind in ("ddp", "ddtrain"))
+    histories = []
+    for module, extra in ((plain, []), (port, ["--strategy", strategy])):
+        tag = f"{workdir}/{script}-{module.__name__}-{strategy}"
+        if script == "trainer_snapshot":       # 2 epochs, then a resumed third from the snapshot
+            first = module.main(SLICE + extra + ["--epochs", "2", "--snapshot-path", f"{tag}.pt"])
+            ddtrain.shutdown()
+            history = first + module.main(SLICE + extra + ["--epochs", "3", "--snapshot-path", f"{tag}.pt"])
+        elif script == "imagenet_style":       # 1 epoch, then --resume for the second
+            first = module.main(SLICE + extra + ["--epochs", "1", "--checkpoint", f"{tag}.pt"])
+            ddtrain.shutdown()
+            resume = f"{workdir}/{script}-{plain.__name__}-{strategy}.pt" if module is port else f"{tag}.pt"
+            history = first + module.main(SLICE + extra + ["--epochs", "2", "--checkpoint", f"{tag}-2.pt",
+                                                           "--resume", resume])
+        else:
+            history = module.main(SLICE + extra)
+        ddtrain.shutdown()
+        histories.append(history)
+    return histories
+
+
+def _same(plain, port, tolerance=1e-6):
+    assert len(plain) == len(port) > 0
+    for a, b in zip(plain, port):
+        if isinstance(a, dict):
+            assert a.keys() == b.keys()
+            for key in a:
+                assert abs(a[key] - b[key]) <= tolerance * max(1.0, abs(a[key])), (key, a[key], b[key])
+        else:
+            assert abs(a - b) <= tolerance * max(1.0, abs(a)), (a, b)
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "ring"])
+def test_each_port_gives_the_numbers_of_its_plain_ddp_twin(strategy, tmp_path):
+    for script in SCRIPTS:
+        for plain, port in run_ranks(run_pair, 2, script, strategy, str(tmp_path), timeout_s=240):
+            _same(plain, port)
+
+
+def _run(cmd):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**env, "OMP_NUM_THREADS": "1"},
+                          cwd=REPO)
+
+
+@pytest.mark.slow
+def test_the_ports_run_as_one_process_and_under_torchrun(tmp_path):
+    for script in SCRIPTS:
+        args = [str(PORTS / f"{script}_ddtrain.py"), *SLICE, "--epochs", "1"]
+        if script == "trainer_snapshot":
+            args += ["--snapshot-path", str(tmp_path / "snapshot.pt")]
+        if script == "imagenet_style":
+            args += ["--checkpoint", str(tmp_path / "checkpoint.pt")]
+        single = _run([sys.executable, *args])
+        assert single.returncode == 0, single.stderr
+        assert "epoch" in single.stdout
+        if script == "trainer_snapshot":
+            (tmp_path / "snapshot.pt").unlink()
+    port = str(29500 + os.getpid() % 1000)
+    multi = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
+                  str(PORTS / "mnist_steplr_ddtrain.py"), *SLICE, "--epochs", "1", "--strategy", "ring"])
+    assert multi.returncode == 0, multi.stderr
+    assert len([line for line in multi.stdout.splitlines() if line.startswith("epoch")]) == 1   # rank 0 speaks

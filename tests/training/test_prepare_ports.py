@@ -1,6 +1,6 @@
 """examples/ports: four scripts, each as plain DDP and ported to ddtrain, give the same numbers.
 
-On 2 Gloo ranks, each pair runs on a small slice of the bundled digits (400 training, 100 test
+On 2 Gloo ranks, each pair runs on a small slice of the bundled digits (256 training, 64 test
 images): the ported script with ``ddp`` and ``ring`` must print the losses and accuracies of
 its plain-DDP twin to 1e-6, including a resume from a snapshot or checkpoint (the port also
 resumes from the twin's checkpoint, saved with DDP's ``module.`` keys). Then the ported
@@ -16,7 +16,7 @@ from helpers import REPO
 from multirank import run_ranks
 
 PORTS = REPO / "examples" / "ports"
-SLICE = ["--train-samples", "400", "--test-samples", "100"]
+SLICE = ["--train-samples", "256", "--test-samples", "64"]
 SCRIPTS = ["mnist_steplr", "trainer_snapshot", "imagenet_style", "horovod_mnist"]
 
 

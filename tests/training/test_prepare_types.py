@@ -13,8 +13,6 @@ from torch.utils.data import (DataLoader, Dataset, DistributedSampler, IterableD
                               TensorDataset, WeightedRandomSampler)
 
 import ddtrain
-from ddtrain.sync.ddp import sync_batchnorm_
-from ddtrain.training.prepared_loader import IterableShard, move_to_device
 
 
 def small(seed=0):
@@ -156,6 +154,7 @@ def test_any_batch_structure_reaches_the_loop():
     _, _, loader = ddtrain.prepare(small()[0], None, DataLoader(triples, batch_size=3))
     x, y, w = next(iter(loader))
     assert w.shape == (3,)
+    from ddtrain.training.prepared_loader import move_to_device
     moved = move_to_device(Batch(torch.ones(2), torch.zeros(2)), torch.device("cpu"))
     assert isinstance(moved, Batch) and moved.name == "x"
 
@@ -172,6 +171,7 @@ def test_iterable_datasets_are_accepted():
 
 
 def test_iterable_shards_split_among_loader_workers_without_duplicates():
+    from ddtrain.training.prepared_loader import IterableShard
     shares = []
     for rank in range(3):
         shard = IterableShard(Stream(), rank=rank, world_size=3)
@@ -186,6 +186,7 @@ def test_ddp_options_and_sync_batchnorm_are_accepted():
     model, optimizer, _ = ddtrain.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1),
                                           find_unused_parameters=True, static_graph=False, bucket_cap_mb=1,
                                           gradient_as_bucket_view=True, broadcast_buffers=False, sync_batchnorm=True)
+    from ddtrain.sync.ddp import sync_batchnorm_
     net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2), torch.nn.Sequential(torch.nn.BatchNorm1d(2)))
     weight = net[1].weight
     sync_batchnorm_(net)

@@ -50,9 +50,9 @@ def test_a_master_port_held_by_another_program_is_named_on_every_rank_within_the
         (r0, _), (r1, t1) = finish(ranks[0], 90), finish(ranks[1], 90)
     finally:
         holder.close()
-    assert_one_clear_error(r0, f"rank 0 cannot host the rendezvous on 127.0.0.1:{port} (MASTER_ADDR:MASTER_PORT): "
+    assert_one_clear_error(r0, f"[rank 0] ddtrain: error: rank 0 cannot host the rendezvous on 127.0.0.1:{port} (MASTER_ADDR:MASTER_PORT): "
                                f"the port is in use by another program; set MASTER_PORT to a free port")
-    assert_one_clear_error(r1, f"rank 1: the program listening on 127.0.0.1:{port} (MASTER_ADDR:MASTER_PORT) is not "
+    assert_one_clear_error(r1, f"[rank 1] ddtrain: error: the program listening on 127.0.0.1:{port} (MASTER_ADDR:MASTER_PORT) is not "
                                f"rank 0's rendezvous store", "MASTER_PORT is held by another program")
     assert "frame #" not in r0.stderr + r1.stderr
 
@@ -61,7 +61,7 @@ def test_ranks_that_never_come_are_named_at_the_deadline():
     # rank 0 of 3 alone: today "DistStoreError: Timed out ... 1/3 clients joined", no rank named
     port = free_port()
     result, took = finish(start_rank(0, 3, port, "--timeout", "3"), 60)
-    assert_one_clear_error(result, f"rank 0 of 3: ranks 1, 2 never joined the rendezvous on 127.0.0.1:{port} "
+    assert_one_clear_error(result, f"[rank 0] ddtrain: error: ranks 1, 2 of 3 never joined the rendezvous on 127.0.0.1:{port} "
                                    f"(MASTER_ADDR:MASTER_PORT) within the 3 s deadline (--timeout, DDTRAIN_TIMEOUT_S)",
                            "RANK=0 and WORLD_SIZE=3 come from the environment, not from torchrun")
     assert "frame #" not in result.stderr
@@ -70,7 +70,7 @@ def test_ranks_that_never_come_are_named_at_the_deadline():
 def test_a_rank_whose_rank_0_never_comes_says_so_at_the_deadline():
     port = free_port()
     result, _ = finish(start_rank(1, 2, port, "--timeout", "3"), 60)
-    assert_one_clear_error(result, f"rank 1 of 2: no rendezvous on 127.0.0.1:{port} (MASTER_ADDR:MASTER_PORT) within "
+    assert_one_clear_error(result, f"[rank 1] ddtrain: error: no rendezvous on 127.0.0.1:{port} (MASTER_ADDR:MASTER_PORT) within "
                                    f"the 3 s deadline (--timeout, DDTRAIN_TIMEOUT_S): rank 0 never opened it")
     assert "frame #" not in result.stderr and "socket.cpp" not in result.stderr
 

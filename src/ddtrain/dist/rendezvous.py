@@ -129,7 +129,7 @@ def _join(env, host, port, where, limit, timeout_s, deadline):
                 last_error = None
                 break
             if thread.is_alive():
-                raise DDTrainError(f"rank {env.rank}: the program listening on {where} is not {host_name}'s "
+                raise DDTrainError(f"the program listening on {where} is not {host_name}'s "
                                    f"rendezvous store (no answer in {time.monotonic() - asked:.0f} s): MASTER_PORT "
                                    f"is held by another program; set MASTER_PORT to a free port")
             last_error = box.get("error")
@@ -141,7 +141,7 @@ def _join(env, host, port, where, limit, timeout_s, deadline):
         what = f"{host_name}'s store there did not let this rank in{seen}"
     else:
         what = f"{host_name} never opened it (nothing listens there)"
-    raise DDTrainError(f"rank {env.rank} of {env.world_size}: no rendezvous on {where} within "
+    raise DDTrainError(f"no rendezvous on {where} within "
                        f"{_deadline_words(timeout_s)}: {what}{stale_hint(env)}")
 
 
@@ -157,12 +157,12 @@ def _check_in(store, env, timeout_s, deadline, where):
                 if not missing:
                     return
                 names = ", ".join(map(str, missing))
-                raise DDTrainError(f"rank {env.rank} of {env.world_size}: rank{'s' if len(missing) > 1 else ''} "
-                                   f"{names} never joined the rendezvous on {where} within "
+                raise DDTrainError(f"rank{'s' if len(missing) > 1 else ''} {names} of {env.world_size} "
+                                   f"never joined the rendezvous on {where} within "
                                    f"{_deadline_words(timeout_s)}{stale_hint(env)}")
             time.sleep(POLL_S)
     except DDTrainError:
         raise
     except Exception as exc:  # the store's host went away while we waited
-        raise DDTrainError(f"rank {env.rank}: lost the rendezvous on {where} while the ranks gathered "
+        raise DDTrainError(f"lost the rendezvous on {where} while the ranks gathered "
                            f"(its host, rank 0 or torchrun's agent, has stopped?): {_first_line(exc)}") from None

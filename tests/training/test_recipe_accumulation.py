@@ -97,12 +97,13 @@ def test_k_micro_batches_equal_one_batch_k_times_larger_for_every_synchronous_st
 
 
 def test_accumulated_micro_batches_communicate_once_per_update():
-    """ring and ddp with K=2 send what K=1 sends for the same number of updates: no_sync kept the first quiet."""
-    items = [(("ring", B, 1), {"steps": 4, "epochs": 0}), (("ring", B, 2), {"steps": 4, "epochs": 0}),
-             (("ring", B, 4), {"steps": 2, "epochs": 0})]
+    """With K=2 every synchronous strategy sends what K=1 sends for the same number of updates (ring also K=4)."""
+    once = {"steps": 4, "epochs": 0}
+    items = [((s, B, k), once) for s in SYNCHRONOUS for k in (1, 2)] + [(("ring", B, 4), {"steps": 2, "epochs": 0})]
     per_rank = run_ranks(cases, WORLD, items, timeout_s=300)
     for rank, results in enumerate(per_rank):
-        one, two, four = (r["comm"][rank]["bytes_sent"] for r in results)
-        assert one > 0
-        assert two == one, (one, two)
-        assert four * 2 == one, (one, four)
+        sent = {(strategy, k): r["comm"][rank]["bytes_sent"] for ((strategy, _, k), _), r in zip(items, results)}
+        for strategy in SYNCHRONOUS:
+            assert sent[strategy, 1] > 0, strategy
+            assert sent[strategy, 2] == sent[strategy, 1], (strategy, rank, sent[strategy, 1], sent[strategy, 2])
+        assert sent["ring", 4] * 2 == sent["ring", 1]

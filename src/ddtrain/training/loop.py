@@ -36,15 +36,6 @@ from ddtrain.training.evaluate import Meter, autocast, evaluate
 from ddtrain.training.progress import PLAIN_EVERY_S, ProgressBar, epoch_line
 
 
-def build_optimizer(config: TrainConfig, params, workers: int = 1) -> torch.optim.Optimizer:
-    """The optimizer ``config`` names (a module, or an iterable of parameters), at the lr ``--scale-lr`` gives."""
-    if not isinstance(params, nn.Module):
-        holder = nn.Module()
-        holder.params = nn.ParameterList(list(params))
-        params = holder
-    return recipe.build_optimizer(config, params, workers)
-
-
 def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, loss_fn=None,
         callbacks=()) -> dict:
     """Train ``model`` on ``data`` with ``config.strategy``; returns (and writes) the results record.

@@ -59,6 +59,7 @@ def test_tensorboard_holds_the_lr_curve_and_the_metrics_and_the_csv_the_same(tmp
 def test_mlflow_run_gets_the_config_and_the_metrics(tmp_path, monkeypatch):
     mlflow = pytest.importorskip("mlflow", reason="mlflow is optional (pip install 'ddtrain[tracking]')")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")     # MLflow 3 keeps the file store behind this switch
     run(tmp_path, mlflow=True)
     runs = mlflow.search_runs(search_all_experiments=True, output_format="list")
     assert len(runs) == 1

@@ -24,7 +24,7 @@ class TrackingConfig:
     """Tracking (rank 0 writes; docs/DEPENDENCIES.md names the libraries)."""
 
     tensorboard: Optional[str] = None     # write TensorBoard event files (scalars per step and epoch) into this directory
-    mlflow: bool = False                  # log the configuration and the metrics to MLflow (MLFLOW_TRACKING_URI, default ./mlruns)
+    mlflow: bool = False                  # log the configuration and the metrics to an MLflow run (at MLFLOW_TRACKING_URI, else MLflow's default)
     csv: Optional[str] = None             # write per-step and per-epoch metrics to this CSV file
     track_every: int = 1                  # optimizer steps between tracked step metrics
 

@@ -49,6 +49,7 @@ class Mutation:
 SYNC_EQ = "tests/sync/test_sync_equivalence.py::test_every_synchronous_strategy_takes_the_steps_of_a_plain_loop_with_the_global_batch"
 ALLREDUCE = "tests/comm/test_comm_allreduce.py::test_every_algorithm_matches_torch_and_is_bitwise_identical_across_ranks"
 RESUME = "tests/reliability/test_checkpoint.py::test_resume_mid_epoch_is_step_for_step_identical"
+STALL = "tests/reliability/test_stall_ranks.py::test_the_skipping_and_the_frozen_rank_are_named_and_their_waiting_peers_are_not"
 
 MUTATIONS = [
     # ---- the 13 the audit's suite already caught -------------------------------------------
@@ -101,8 +102,7 @@ MUTATIONS = [
     Mutation("stall-names-every-peer", "the stall report names every peer it heard from, not only those elsewhere",
              "src/ddtrain/reliability/stall.py", '        elif (m["step"], m["op"]) != (step, op):\n',
              "        else:\n",
-             ["tests/reliability/test_stall_ranks.py::test_a_rank_that_skips_is_named_and_its_waiting_peers_are_not"],
-             audit="survived"),
+             [STALL], audit="survived"),
     Mutation("resume-retrains-from-step-0", "resume reports the checkpoint but silently trains from step 0",
              "src/ddtrain/reliability/checkpoint.py", "        header, shared, part = got\n",
              "        header, shared, part = got\n"

@@ -1,8 +1,9 @@
 """A stall report names exactly the rank that is elsewhere or silent, and none of the ranks waiting beside it.
 
-With 2 ranks the missing one is always "the other", so these run 3 and 4 ranks: one rank is
-made to fail by a deliberate fault (it skips the collective, staying alive; or it freezes, its
-heartbeat stopping) and every rank that timed out must name that rank, and only that one.
+With 2 ranks the missing one is always "the other", so these run 3 and 4 ranks: ranks are made
+to fail deliberately (one skips the collective, staying alive; one freezes, its heartbeat
+stopping; or DDTRAIN_FAULT makes one skip in ``ddtrain train``) and every rank that timed out
+must name exactly those ranks and none of the ranks waiting beside it.
 """
 import os
 import re
@@ -17,8 +18,6 @@ from ddtrain import comm
 from ddtrain.reliability import stall
 from multirank import RankError, run_ranks
 
-DEADLINE_S = 3.0
-
 
 def waiting_for(message: str) -> set[int]:
     """The ranks a stall message says it waits for (the part before the backend's own words in [...])."""
@@ -27,55 +26,35 @@ def waiting_for(message: str) -> set[int]:
     return {int(r) for r in re.findall(r"\brank (\d+)", head.split("; waiting for ", 1)[1])}
 
 
-def one_rank_skips(skipper: int, timeout_s: float):
-    """Every rank but ``skipper`` enters a ring all-reduce at step 7; ``skipper`` stays alive elsewhere."""
+def one_skips_one_freezes(skipper: int, frozen: int, timeout_s: float):
+    """The other ranks enter a ring all-reduce at step 7; ``skipper`` stays alive elsewhere (its
+    heartbeat on); ``frozen`` is at the same step and operation but silent (its heartbeat stopped)."""
     import torch.distributed as dist
+    rank = dist.get_rank()
+    if rank == frozen:
+        stall.Heartbeat._run = lambda self: None     # publishes its mark once, then falls silent
+    stall.mark(7, "ring all-reduce of the gradients")  # the mark that one publication carries
     with stall.watched(what="strategy ring, backend gloo", timeout_s=timeout_s, period_s=0.2):
-        stall.mark(7, "ring all-reduce of the gradients")
-        if dist.get_rank() == skipper:
-            stall.mark(7, "a data-dependent branch that skips the all-reduce")
-            time.sleep(timeout_s + 2)  # alive, heartbeat on, but not in the collective
-            return "skipped"
+        if rank in (skipper, frozen):
+            if rank == skipper:
+                stall.mark(7, "a data-dependent branch that skips the all-reduce")
+            time.sleep(timeout_s + 2)  # alive, but not in the collective
+            return "away"
         time.sleep(0.5)                # every rank's mark published at least once before anyone waits
         comm.all_reduce(torch.ones(1000), "ring", timeout_s=timeout_s)
 
 
-def one_rank_freezes(frozen: int, timeout_s: float):
-    """Every rank enters the all-reduce at step 7; ``frozen`` stops its heartbeat there and never joins."""
-    import torch.distributed as dist
-    if dist.get_rank() == frozen:
-        stall.Heartbeat._run = lambda self: None     # publishes its mark once, then falls silent
-    stall.mark(7, "ring all-reduce of the gradients")  # the mark its one publication carries
-    with stall.watched(what="strategy ring, backend gloo", timeout_s=timeout_s, period_s=0.2):
-        stall.mark(7, "ring all-reduce of the gradients")
-        if dist.get_rank() == frozen:
-            time.sleep(timeout_s + 2)  # at the same step and operation as the others, but silent
-            return "frozen"
-        time.sleep(0.5)
-        comm.all_reduce(torch.ones(1000), "ring", timeout_s=timeout_s)
-
-
-def test_a_rank_that_skips_is_named_and_its_waiting_peers_are_not(world=4, skipper=2):
+def test_the_skipping_and_the_frozen_rank_are_named_and_their_waiting_peers_are_not():
+    timeout_s = 7.0       # longer than the 5 s after which a mark counts as stale
     with pytest.raises(RankError) as caught:
-        run_ranks(one_rank_skips, world, skipper, DEADLINE_S)
+        run_ranks(one_skips_one_freezes, 4, 2, 1, timeout_s)
     errors = caught.value.errors
-    assert skipper not in errors and errors, errors
+    assert sorted(errors) == [0, 3], errors          # the two ranks that waited, and only they, report
     for rank, error in errors.items():
         message = error.splitlines()[0]
         assert message.startswith("StallError: stalled at step 7 in ring all-reduce of the gradients"), message
-        assert waiting_for(message) == {skipper}, (rank, message)
-        assert f"rank {skipper} (at step 7: a data-dependent branch that skips the all-reduce" in message
-
-
-def test_a_frozen_rank_at_the_same_step_is_named_as_silent_and_no_one_else():
-    timeout_s = 7.0       # longer than the 5 s after which a mark counts as stale
-    with pytest.raises(RankError) as caught:
-        run_ranks(one_rank_freezes, 3, 1, timeout_s)
-    errors = caught.value.errors
-    assert 1 not in errors and errors, errors
-    for rank, error in errors.items():
-        message = error.splitlines()[0]
-        assert waiting_for(message) == {1}, (rank, message)
+        assert waiting_for(message) == {1, 2}, (rank, message)
+        assert "rank 2 (at step 7: a data-dependent branch that skips the all-reduce" in message, message
         assert re.search(r"rank 1 \(silent for \d+ s; last at step 7: ring all-reduce", message), message
 
 

@@ -25,6 +25,7 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("report",): ("ddtrain.cli.report", "turn a results folder (train or bench) into report.md and a self-contained report.html with plots"),
     ("cluster", "run"): ("ddtrain.cli.cluster_run", "run a ddtrain command on N emulated nodes (network namespaces) joined by rate-limited links"),
     ("cluster", "probe"): ("ddtrain.cli.cluster_probe", "point-to-point rate between the ranks of an emulated cluster (inside cluster run)"),
+    ("doctor",): ("ddtrain.cli.doctor", "compare versions, GPUs, interfaces and data across the ranks of a job and probe every link"),
     ("cluster", "clean"): ("ddtrain.cli.cluster_clean", "remove emulated-cluster namespaces left behind by crashed or --keep runs"),
 }
 

@@ -54,6 +54,9 @@ def main(args) -> int:
         print(f"ddtrain: warning: {warning}", file=sys.stderr, flush=True)
     if launch.inside_launcher():
         runtime.init(backend=config.dist.backend, timeout_s=config.dist.timeout)
+        if not config.dist.skip_doctor:  # ranks on several nodes: the same Python, torch, CUDA, NCCL everywhere
+            from ddtrain.dist.doctor import check_job_at_start
+            check_job_at_start(min(60.0, config.dist.timeout))
         data, model = load_and_build(config)
         from ddtrain.training.loop import fit
         try:
@@ -72,5 +75,10 @@ def main(args) -> int:
     if config.dist.backend == "nccl" and torch.cuda.device_count() < args.nproc:
         raise DDTrainError(f"--backend nccl needs a GPU per worker: {args.nproc} workers, "
                            f"{torch.cuda.device_count()} GPU(s) visible")
+    if config.dist.nnodes > 1:  # the launchers of all nodes are one run (one checkpoint directory and lineage)
+        from ddtrain.dist.env import share_run_id
+        share_run_id(config.dist.rdzv_endpoint)
     validate(config, args.nproc - servers)
-    return launch.run_local(args.nproc, ["train", *to_argv(config)], max_restarts=config.reliability.max_restarts)
+    nodes = (config.dist.nnodes, config.dist.node_rank, config.dist.rdzv_endpoint) if config.dist.nnodes > 1 else None
+    return launch.run_local(args.nproc, ["train", *to_argv(config)], max_restarts=config.reliability.max_restarts,
+                            nodes=nodes)

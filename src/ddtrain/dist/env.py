@@ -193,6 +193,53 @@ def _one_device(visible: str | None) -> bool:
     return visible is not None and len([d for d in visible.split(",") if d.strip()]) == 1
 
 
+def node_rendezvous(nnodes: int, node_rank: int, endpoint: str, *, max_restarts: int = 0) -> list[str]:
+    """torchrun's rendezvous arguments for one node of a multi-node ``ddtrain train --nnodes``.
+
+    Without restarts: static, node ranks as given, master = the endpoint (deterministic ranks,
+    as torchrun --node-rank). With restarts: c10d at the endpoint (the node that owns the
+    endpoint's address hosts it) and TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, so every attempt
+    gets a fresh store and a restarted group can connect; the rendezvous then numbers the nodes.
+    The address this node is reached at is the one its route to the endpoint leaves from.
+    """
+    host, _, port = endpoint.rpartition(":")
+    local = local_address_to(host)
+    common = ["--nnodes", str(nnodes), "--local-addr", local]
+    if not max_restarts:
+        return [*common, "--node-rank", str(node_rank), "--rdzv-backend", "static", "--master-addr", host,
+                "--master-port", port]
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    # The node that owns the endpoint's address hosts the store. torch guesses it from the hostname,
+    # which misses an address on a second interface (and every emulated node): say it.
+    import socket
+    is_host = local == socket.gethostbyname(host)
+    return [*common, "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint,
+            "--rdzv-id", os.environ.get("SLURM_JOB_ID", f"ddtrain-{port}"),
+            "--rdzv-conf", f"is_host={str(is_host).lower()}"]
+
+
+def share_run_id(endpoint: str) -> str:
+    """One run id for the launchers of every node of a multi-node launch (DDTRAIN_RUN_ID, unless set).
+
+    reliability.ownership lets only one run hold a checkpoint directory; the nodes' launchers
+    are one run, so they derive the same id from what they share: the endpoint and the job id.
+    """
+    job = os.environ.get("SLURM_JOB_ID", "")
+    os.environ.setdefault("DDTRAIN_RUN_ID", f"nodes-{endpoint}" + (f"-job{job}" if job else ""))
+    return os.environ["DDTRAIN_RUN_ID"]
+
+
+def local_address_to(host: str) -> str:
+    """This machine's address on the route to ``host`` (a UDP connect sends nothing)."""
+    import socket
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((socket.gethostbyname(host), 9))
+            return s.getsockname()[0]
+    except OSError as exc:
+        raise DDTrainError(f"--rdzv-endpoint {host}: cannot reach it from this node ({exc})") from None
+
+
 def restart_store_warning(env=None) -> str | None:
     """A warning for a torchrun worker whose restarts cannot reconnect, or None.
 

@@ -114,7 +114,7 @@ def strip_option(argv: list[str], name: str) -> list[str]:
 
 
 def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict | None = None,
-              module: str = "ddtrain") -> int:
+              module: str = "ddtrain", nodes: tuple | None = None) -> int:
     """Run ``python -m <module> <argv>`` as ``nproc`` ranks; the job's exit status (128 + N when signal N stopped it)."""
     if nproc < 1:
         raise DDTrainError(f"--nproc must be at least 1, got {nproc}")
@@ -150,6 +150,9 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
         rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--local-addr", "127.0.0.1"]
     else:
         rendezvous = ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port)]
+    if nodes is not None:  # ddtrain train --nnodes N --node-rank I --rdzv-endpoint HOST:PORT (env.node_rendezvous)
+        from ddtrain.dist.env import node_rendezvous
+        rendezvous = node_rendezvous(*nodes, max_restarts=max_restarts)
     args = _torchrun_parser().parse_args(["--nnodes", "1", "--nproc-per-node", str(nproc), *rendezvous,
                        "--max-restarts", str(max_restarts), "--monitor-interval", "0.2",
                        *([] if logs is None else ["--log-dir", logs.root, "--redirects", "2"]),

@@ -1,0 +1,120 @@
+"""Across 2 emulated nodes (own network stacks, rate-limited links): multi-node torchrun and
+``ddtrain train --nnodes 2 --node-rank I --rdzv-endpoint HOST:PORT`` train to the parameters of
+``ddtrain train --nproc 4`` on one node; ``ddtrain doctor`` names the node whose torch differs, and the
+start of a multi-node ``ddtrain train`` refuses when a node's Python differs.
+
+Needs root and network namespaces; elsewhere it skips and says why.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ddtrain.cluster import checks, emulated_cluster, netns, run_in_cluster
+from helpers import REPO, assert_same_parameters, ddtrain
+
+
+def _why_not() -> str | None:
+    if not sys.platform.startswith("linux"):
+        return "network namespaces are Linux-only"
+    missing = checks.missing_requirements()
+    if missing:
+        return "cannot emulate a cluster here: " + "; ".join(missing)
+    probe = netns.new_run_id() + "-br"
+    done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"'ip netns add' does not work here: {done.stderr.strip()}"
+    subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
+    return None
+
+
+WHY = _why_not()
+pytestmark = pytest.mark.skipif(WHY is not None, reason=WHY or "")
+
+TRAIN = ["train", "--model", "mlp", "--data", "digits", "--steps", "8", "--batch-size", "16", "--lr", "0.05",
+         "--momentum", "0.9", "--seed", "1"]
+ENDPOINT = "198.18.0.1:29400"
+
+
+def _env(**extra) -> dict:
+    drop = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DDTRAIN_FAULT")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])),
+               OMP_NUM_THREADS="1", DDTRAIN_TIMEOUT_S="120", **extra)
+    return env
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("reference")
+    result = ddtrain(*TRAIN, "--nproc", "4", "--save", str(folder / "model.pt"), env={"OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    return torch.load(folder / "model.pt")
+
+
+def _on_every_node(cluster, argv_of, timeout=300, **env):
+    """Run ``argv_of(node)`` in every node's namespace at once (each node's own launcher); their outputs."""
+    procs = [subprocess.Popen(["nsenter", f"--net=/run/netns/{node.namespace}", *argv_of(node)],
+                              env=_env(GLOO_SOCKET_IFNAME=node.interface, DDTRAIN_CLUSTER_NODE=str(node.index), **env),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+             for node in cluster.nodes]
+    try:
+        outputs = [p.communicate(timeout=timeout) for p in procs]
+    finally:
+        for node in cluster.nodes:
+            netns.kill_namespace_processes(node.namespace)
+    for p, (out, err) in zip(procs, outputs):
+        assert p.returncode == 0, out[-2000:] + err[-3000:]
+    return outputs
+
+
+def test_torchrun_on_2_nodes_trains_like_nproc_4_on_one(reference, tmp_path):
+    with emulated_cluster(2, "1gbit") as cluster:
+        result = run_in_cluster(cluster, ["ddtrain", *TRAIN, "--save", str(tmp_path / "model.pt")], procs_per_node=2,
+                                timeout_s=300, env=_env())
+    assert result.returncode == 0
+    assert_same_parameters(reference, torch.load(tmp_path / "model.pt"), rtol=1e-6)
+
+
+def test_ddtrain_train_nnodes_2_trains_like_nproc_4_on_one(reference, tmp_path):
+    with emulated_cluster(2, "1gbit") as cluster:
+        _on_every_node(cluster, lambda node: [
+            sys.executable, "-m", "ddtrain", *TRAIN, "--nproc", "2", "--nnodes", "2", "--node-rank", str(node.index),
+            "--rdzv-endpoint", ENDPOINT, "--save", str(tmp_path / "model.pt"), "--out", str(tmp_path / "run.json")])
+    assert json.loads((tmp_path / "run.json").read_text())["world_size"] == 4
+    assert_same_parameters(reference, torch.load(tmp_path / "model.pt"), rtol=1e-6)
+
+
+def test_doctor_names_the_node_whose_torch_differs(tmp_path):
+    # DDTRAIN_DOCTOR_FAKE (test-only) gives node 1 another torch version
+    log = tmp_path / "doctor.log"
+    with emulated_cluster(2, "200mbit") as cluster, open(log, "w") as f:
+        result = run_in_cluster(cluster, ["ddtrain", "doctor", "--data", "digits"], timeout_s=180, stdout=f, stderr=f,
+                                env=_env(DDTRAIN_DOCTOR_FAKE="node=1,torch=2.0.0"))
+    text = log.read_text()
+    assert result.returncode == 1, text
+    assert "# torch differs on node 1 (rank 1): 2.0.0 vs " in text, text
+    assert "ddtrain: error: the ranks disagree: torch differs on node 1" in text
+    rows = [line.split() for line in text.splitlines() if line.startswith("     ")]
+    assert [row[2] for row in rows[:2]] == ["0", "1"]  # node column: node 0, node 1
+    bandwidth = float(rows[1][-1])  # MB/s from rank 0 to rank 1 over the 200 Mbit/s links (25 MB/s)
+    assert 5 < bandwidth < 30, text
+
+
+def test_doctor_at_the_start_of_a_multi_node_train_refuses_naming_node_and_field(tmp_path):
+    with emulated_cluster(2, "1gbit") as cluster:
+        procs = [subprocess.Popen(["nsenter", f"--net=/run/netns/{node.namespace}", sys.executable, "-m", "ddtrain",
+                                   *TRAIN, "--nproc", "1", "--nnodes", "2", "--node-rank", str(node.index),
+                                   "--rdzv-endpoint", ENDPOINT],
+                                  env=_env(GLOO_SOCKET_IFNAME=node.interface, DDTRAIN_CLUSTER_NODE=str(node.index),
+                                           DDTRAIN_DOCTOR_FAKE="node=1,python=3.0.1"),
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in cluster.nodes]
+        outputs = [p.communicate(timeout=180) for p in procs]
+    assert all(p.returncode != 0 for p in procs)
+    text = "".join(out + err for out, err in outputs)
+    assert "the nodes of this job differ: python differs on node 1 (rank 1): 3.0.1 vs" in text, text

@@ -147,7 +147,10 @@ def main(argv=None) -> int:
            "Written by `python benchmarks/check_claims.py` (see its docstring for the rules). Status: **found** "
            "(a number in the named raw file rounds to it), **note** (reviewed by hand: the note says why it has "
            "no raw file of its own), **unchecked** (neither: to fix). "
-           f"Not covered here (owned by others this session): {', '.join(sorted(ELSEWHERE))}.", ""]
+           f"Not covered here (owned by others this session): {', '.join(sorted(ELSEWHERE))}.", "",
+           "Limits: *found* means some number in the named file rounds to the doc's at its precision (numbers "
+           "of fewer than 3 significant digits must appear as written), not that it sits in the same row; "
+           "integers below 100 without a unit (counts and settings: 4 ranks, 2 epochs) are not checked.", ""]
     totals = {"found": 0, "note": 0, "unchecked": 0}
     for doc in DOCS:
         lines = (REPO / doc).read_text().splitlines()

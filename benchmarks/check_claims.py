@@ -120,7 +120,8 @@ def found(written: str, value: float, decimals: int, files: list[Path]):
             if literal in tokens:
                 return path
             continue
-        scales = SCALES if path.suffix in (".txt", ".md", ".log") else SCALES[:3]
+        # JSON holds seconds and fractions: ms (x 1e3) and per cent (x 100) as well as the value
+        scales = SCALES if path.suffix in (".txt", ".md", ".log") else (1.0, 100.0, 0.01, 1e3)
         for v in values:
             for scale in scales:
                 if abs(v * scale - value) <= tolerance:

@@ -24,7 +24,7 @@ def env(**extra):
 
 def start(*args, **extra):
     # A session of its own, as a shell gives a foreground job: a signal to the group reaches only it.
-    return subprocess.Popen([sys.executable, "-m", "ddtrain", *COMMON, *args], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "ddtrain", *COMMON, *args], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=env(**extra), start_new_session=True)
 
 
@@ -62,6 +62,7 @@ def test_kill_9_of_the_launcher_leaves_no_worker_and_a_resume_equals_an_uninterr
     # deterministically after the checkpoint of step 30 (23 steps an epoch).
     job = start("--checkpoint-dir", str(ckpt), "--checkpoint-every", "10", "--save", str(tmp_path / "x.pt"),
                 DDTRAIN_FAULT="rank=1,step=40,kind=hang")
+    workers = []
     try:
         wait_for(lambda: (ckpt / "ckpt-00000030.pt").exists() or job.poll() is not None, 120, "no checkpoint")
         workers = children(job.pid)
@@ -76,9 +77,10 @@ def test_kill_9_of_the_launcher_leaves_no_worker_and_a_resume_equals_an_uninterr
                        if Path(f"/proc/{p}/cmdline").exists())
         assert not (tmp_path / "x.pt").exists()
     finally:
-        if job.poll() is None:
-            job.kill()
-        job.communicate()
+        for pid in [job.pid, *workers]:  # on a failure, leave no process of this test behind
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        job.wait()
     resumed = subprocess.run([sys.executable, "-m", "ddtrain", *COMMON, "--checkpoint-dir", str(ckpt), "--resume",
                               "--save", str(tmp_path / "resumed.pt")], capture_output=True, text=True, timeout=300,
                              env=env())
@@ -102,10 +104,12 @@ def stop_with(sig, to_group: bool):
     workers = children(job.pid)
     (os.killpg if to_group else os.kill)(job.pid, sig)
     try:
-        _, rest = job.communicate(timeout=60)
+        job.wait(timeout=60)
     finally:
-        if job.poll() is None:
-            job.kill()
+        for pid in [job.pid, *workers]:  # on a failure, leave no process of this test behind
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+    rest = job.stderr.read()
     return job.returncode, "".join(lines) + rest, workers
 
 

@@ -63,3 +63,8 @@ def test_bad_input_is_one_clear_message_before_any_worker_starts(tmp_path, capsy
     assert "started" not in bad.stdout
     assert_one_clear_error(run_here(capsys, "--nproc", "0", str(script)), "--nproc must be at least 1")
     assert_one_clear_error(run_here(capsys, "--timeout", "-1", str(script)), "--timeout must be a positive")
+    from ddtrain.cli import main                          # the mistake the issue quotes: a script given to train
+    code = main(["train", str(script), "--nproc", "2"])
+    out, err = capsys.readouterr()
+    assert_one_clear_error(subprocess.CompletedProcess([], code, out, err), "ddtrain train takes flags, not a script",
+                           f"ddtrain run --nproc N {script} ARGS")

@@ -34,6 +34,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="replay a run: its results record's resolved configuration and world size (outputs not "
                         "included: give --out/--save anew); flags override it")
     add_dataclass_arguments(p)
+    # `ddtrain train script.py` was "unrecognized arguments"; it now says what to run instead
+    p.add_argument("script", nargs="?", default=None, help=argparse.SUPPRESS)
 
 
 def resolve(args) -> tuple:
@@ -49,6 +51,9 @@ def resolve(args) -> tuple:
 
 
 def main(args) -> int:
+    if args.script:
+        raise DDTrainError(f"ddtrain train takes flags, not a script ({args.script!r}); to start N workers running "
+                           f"your own script use: ddtrain run --nproc N {args.script} ARGS...")
     config, args.nproc = resolve(args)
     if warning := check_nproc(args.nproc):  # refuses inside a started world, warns in an sbatch shell
         print(f"ddtrain: warning: {warning}", file=sys.stderr, flush=True)

@@ -85,3 +85,9 @@ def test_a_bad_fault_variable_in_a_real_process_is_one_line():
     result = run(*TRAIN, "--nproc", "2", DDTRAIN_FAULT="rank=one,step=3", timeout=60)
     assert result.returncode == 2
     assert_one_clear_error(result, "environment variable DDTRAIN_FAULT='rank=one,step=3': expected rank=R,step=S,kind=K")
+
+
+def test_a_rank_not_below_the_world_size_is_one_line():
+    result = run("--help", RANK="3", WORLD_SIZE="2", timeout=60)
+    assert result.returncode == 2
+    assert_one_clear_error(result, "environment variables RANK=3 and WORLD_SIZE=2: the rank must be below the world size")

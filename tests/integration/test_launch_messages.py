@@ -88,6 +88,7 @@ def test_a_bad_fault_variable_in_a_real_process_is_one_line():
 
 
 def test_a_rank_not_below_the_world_size_is_one_line():
-    result = run("--help", RANK="3", WORLD_SIZE="2", timeout=60)
+    result = subprocess.run([sys.executable, "-m", "ddtrain", "--help"], capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "RANK": "3", "WORLD_SIZE": "2"})
     assert result.returncode == 2
     assert_one_clear_error(result, "environment variables RANK=3 and WORLD_SIZE=2: the rank must be below the world size")

@@ -64,7 +64,7 @@ def init(*, backend: str | None = None, timeout_s: float | None = None, device: 
         os.environ.setdefault("MASTER_ADDR", env.master_addr)
         os.environ.setdefault("MASTER_PORT", str(env.master_port))
         kwargs = dict(backend=chosen, rank=env.rank, world_size=env.world_size,
-                      timeout=datetime.timedelta(seconds=timeout_s),
+                      timeout=datetime.timedelta(seconds=timeout_s + (WATCHDOG_SLACK_S if watchdog_wanted(chosen) else 0)),
                       init_method=rendezvous.init_method(timeout_s))  # bounded on every rank, the cause named
         if chosen == "nccl":
             kwargs["device_id"] = dev
@@ -73,6 +73,20 @@ def init(*, backend: str | None = None, timeout_s: float | None = None, device: 
     _state = _State(env, chosen if env.launcher != "none" or dist.is_initialized() else None,
                     dev, timeout_s, owns)
     return env
+
+
+# NCCL aborts a timed-out collective from its own thread with a generic message; ddtrain's
+# progress watchdog (reliability.watchdog) names the step, operation and missing rank at the
+# deadline, so the process group's own timeout is set this much later, as the fallback.
+WATCHDOG_SLACK_S = 30.0
+
+
+def watchdog_wanted(backend: str | None) -> bool:
+    """Is the progress watchdog on for this backend (on for NCCL; DDTRAIN_WATCHDOG=1/0 overrides)?"""
+    forced = os.environ.get("DDTRAIN_WATCHDOG", "").strip()
+    if forced in ("0", "1"):
+        return forced == "1"
+    return backend == "nccl"
 
 
 AT_SHUTDOWN: list = []   # callables run (last registered first) by shutdown(), before the group goes

@@ -25,12 +25,12 @@ from ddtrain.data.sharding import ShardSampler
 from ddtrain.dist import runtime, storage
 from ddtrain.errors import ConfigError
 from ddtrain.observe import files, tracking
-from ddtrain.reliability import consistency, faults, stall
+from ddtrain.reliability import consistency, faults, stall, watchdog
 from ddtrain.reliability.checkpoint import Checkpointer, restart_attempt
 from ddtrain.reliability.nonfinite import NonfiniteGuard
 from ddtrain.reliability.replicas import ReplicaCheck
 from ddtrain.sync import strategy_spec, wrap
-from ddtrain.training import recipe
+from ddtrain.training import compiled, recipe
 from ddtrain.training.callbacks import TrainState, bound
 from ddtrain.training.evaluate import Meter, autocast, evaluate
 from ddtrain.training.progress import PLAIN_EVERY_S, ProgressBar, epoch_line
@@ -113,12 +113,13 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
         hook(state)
     # a wait that times out names the step, the operation and the ranks that are elsewhere
     what = f"strategy {config.strategy}, backend {runtime.backend()}"
-    with stall.watched(what=what, timeout_s=runtime.timeout_s()):
+    with stall.watched(what=what, timeout_s=runtime.timeout_s()), watchdog.guard(what, runtime.timeout_s()):
         if strategy.role == "server":
             stall.mark(None, "serving as a parameter server")
             strategy.serve()
         else:
-            step_model = torch.compile(strategy.model) if config.compile else strategy.model
+            step_model = compiled.compile_model(strategy.model, config.compile_options, device) \
+                if config.compile else strategy.model
             _train_epochs(state, step_model, loader,
                           loss_fn or recipe.loss_function(data.task, config.label_smoothing), distributed)
     for handle in (schedule, clip):  # the optimizer may outlive the run (passed in by the caller)

@@ -165,6 +165,9 @@ class PreparedLoader(DataLoader):
                                    "give the loader the sampler you would use in one process (or shuffle=True)")
             sampler = RankSampler(loader.sampler, rank=rank, world_size=world_size, seed=seed,
                                   drop_remainder=training)
+            if training and hasattr(loader.sampler, "__len__") and len(loader.sampler) < world_size:
+                raise DDTrainError(f"prepare(): the training loader's sampler gives {len(loader.sampler)} samples, "
+                                   f"fewer than the {world_size} ranks that train: some would have none")
             super().__init__(dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last,
                              **options)
         self.device, self.training, self.strategy = device, training, strategy

@@ -55,9 +55,10 @@ class PreparedModel(nn.Module):
         try:
             return super().__getattr__(name)
         except AttributeError:
-            if name == "module":
+            modules = self.__dict__.get("_modules")   # absent while copy/pickle rebuilds the object
+            if name == "module" or name.startswith("__") or not modules or "module" not in modules:
                 raise
-            return getattr(self._modules["module"], name)
+            return getattr(modules["module"], name)
 
 
 def unwrap(model: nn.Module) -> nn.Module:

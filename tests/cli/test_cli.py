@@ -73,7 +73,7 @@ def test_a_failing_worker_ends_the_job_with_its_error_once():
                      env={"DDTRAIN_FAULT": "rank=1,step=2,kind=raise", "DDTRAIN_TIMEOUT_S": "60"})
     assert result.returncode != 0
     assert result.stderr.count("rank 1 deliberately failed") == 1, result.stderr
-    assert "worker rank 1 failed" in result.stderr
+    assert "[rank 1] ddtrain: error: InjectedFault" in result.stderr and "rank 1's full output: " in result.stderr  # one line, its log named (issue 22)
     assert "Traceback" not in result.stderr, result.stderr
 
 

@@ -5,7 +5,10 @@ seeded sampler, two param groups (different lr, momentum, weight decay), an unus
 gradient accumulation over 2 micro-batches, gradient-norm clipping and a StepLR stepped per
 epoch. The prepared script is that same loop with ``ddtrain.prepare`` and ``model.no_sync()``
 for the first micro-batch, run on 2 Gloo ranks for every synchronous strategy (ps-sync: 2
-workers + 1 server, so 3 ranks); parameters must agree to 1e-5 relative.
+workers + 1 server, so 3 ranks); parameters must agree to 1e-5 relative. The parameter servers
+run once more without clipping: with it, each worker clips its own gradient before the servers
+average, where one process clips the average, so that case tests whether the strategy made up
+for it.
 """
 import pytest
 import torch
@@ -45,7 +48,7 @@ def problem():
     return model, optimizer, data, sampler
 
 
-def train(model, optimizer, loader, no_sync=None):
+def train(model, optimizer, loader, no_sync=None, clip=CLIP):
     """The loop both sides run: accumulate ACCUMULATE micro-batches, clip, step; StepLR per epoch."""
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
     for _ in range(EPOCHS):
@@ -58,19 +61,20 @@ def train(model, optimizer, loader, no_sync=None):
                 with no_sync():
                     loss.backward()
             if last:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+                if clip is not None:
+                    torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
                 optimizer.step()
                 optimizer.zero_grad()
         scheduler.step()
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def hand_written(global_batch: int) -> dict:
+def hand_written(global_batch: int, clip=CLIP) -> dict:
     model, optimizer, data, sampler = problem()
-    return train(model, optimizer, DataLoader(data, batch_size=global_batch, sampler=sampler))
+    return train(model, optimizer, DataLoader(data, batch_size=global_batch, sampler=sampler), clip=clip)
 
 
-def prepared(strategies):
+def prepared(strategies, clip=CLIP):
     """On every rank: the same loop through ddtrain.prepare, once per strategy ("server" on a server rank)."""
     import ddtrain
     out = {}
@@ -82,7 +86,7 @@ def prepared(strategies):
         except SystemExit:
             out[strategy] = "server"
             continue
-        out[strategy] = train(model, optimizer, loader, no_sync=model.no_sync)
+        out[strategy] = train(model, optimizer, loader, no_sync=model.no_sync, clip=clip)
         ddtrain.shutdown()
     return out
 
@@ -97,10 +101,11 @@ def test_every_synchronous_strategy_equals_a_hand_written_loop_at_the_global_bat
             assert torch.equal(rank_results[strategy]["unused_head.weight"], reference["unused_head.weight"])
 
 
+@pytest.mark.parametrize("clip", [CLIP, None], ids=["clipped", "unclipped"])
 @pytest.mark.parametrize("strategy", WITH_SERVERS)
-def test_parameter_servers_equal_a_hand_written_loop_at_the_global_batch(strategy):
-    reference = hand_written(2 * B)                     # 2 workers
-    results = run_ranks(prepared, 3, [strategy], timeout_s=240)
+def test_parameter_servers_equal_a_hand_written_loop_at_the_global_batch(strategy, clip):
+    reference = hand_written(2 * B, clip)               # 2 workers
+    results = run_ranks(prepared, 3, [strategy], clip, timeout_s=240)
     assert results[2][strategy] == "server"
     for rank_results in results[:2]:
         assert_same_parameters(reference, rank_results[strategy])

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from ddtrain.cluster import checks, emulated_cluster, netns, run_in_cluster
+from ddtrain.cluster.remote import node_hosts
 from helpers import REPO, assert_same_parameters, ddtrain
 
 
@@ -85,8 +87,38 @@ def test_ddtrain_train_nnodes_2_trains_like_nproc_4_on_one(reference, tmp_path):
     with emulated_cluster(2, "1gbit") as cluster:
         _on_every_node(cluster, lambda node: [
             sys.executable, "-m", "ddtrain", *TRAIN, "--nproc", "2", "--nnodes", "2", "--node-rank", str(node.index),
-            "--rdzv-endpoint", ENDPOINT, "--save", str(tmp_path / "model.pt"), "--out", str(tmp_path / "run.json")])
+            "--rdzv-endpoint", ENDPOINT, "--save", str(tmp_path / "model.pt"), "--out", str(tmp_path / "run.json")],
+                                 tmp_path)
     assert json.loads((tmp_path / "run.json").read_text())["world_size"] == 4
+    assert_same_parameters(reference, torch.load(tmp_path / "model.pt"), rtol=1e-6)
+
+
+def _mpi_across_nodes(kind: str, agent: str, argv: list[str], folder) -> list[str]:
+    if kind == "mpich":  # Hydra: host file, its ssh launcher with our agent instead of ssh
+        (folder / "hosts").write_text("n0:2\nn1:2\n")
+        return ["mpiexec.mpich", "-launcher", "ssh", "-launcher-exec", agent, "-f", str(folder / "hosts"), "-n", "4",
+                "-genv", "MASTER_ADDR", "n0", "-genv", "MASTER_PORT", "29411", *argv]
+    (folder / "hostfile").write_text("n0 slots=2\nn1 slots=2\n")
+    return ["mpirun.openmpi", "--allow-run-as-root", "--mca", "plm_rsh_agent", agent,
+            "--hostfile", str(folder / "hostfile"), "-n", "4", "--bind-to", "none", "-x", "MASTER_ADDR=n0",
+            "-x", "PYTHONPATH", "-x", "OMP_NUM_THREADS",
+            "-x", "DDTRAIN_TIMEOUT_S", "--mca", "oob_tcp_if_include", "198.18.0.0/24", *argv]
+
+
+@pytest.mark.parametrize("kind", ["mpich", "openmpi"])
+def test_mpi_host_lists_across_2_nodes_train_like_nproc_4_on_one(kind, reference, tmp_path):
+    launcher = {"mpich": "mpiexec.mpich", "openmpi": "mpirun.openmpi"}[kind]
+    if shutil.which(launcher) is None:
+        pytest.skip(f"{launcher} is not installed (apt-get install {'mpich' if kind == 'mpich' else 'openmpi-bin'})")
+    with emulated_cluster(2, "1gbit") as cluster, node_hosts(cluster) as hosts:
+        train = [sys.executable, "-m", "ddtrain", *TRAIN, "--save", str(tmp_path / "model.pt"),
+                 "--out", str(tmp_path / "run.json")]
+        argv = _mpi_across_nodes(kind, hosts.agent, train, tmp_path)
+        root_ok = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        done = subprocess.run(hosts.head(argv), env=_env(**root_ok), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["world_size"] == 4 and record["global_batch_size"] == 64
     assert_same_parameters(reference, torch.load(tmp_path / "model.pt"), rtol=1e-6)
 
 

@@ -91,7 +91,8 @@ def reference(tmp_path_factory):
     (folder / "wrap.py").write_text(WRAPPER)
     result = ddtrain(*TRAIN, "--nproc", "4", "--save", str(folder / "train.pt"), env={"OMP_NUM_THREADS": "1"})
     assert result.returncode == 0, result.stderr
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", str(_free_port()),
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4",
+                           "--master-port", str(_free_port()),
                            "wrap.py", "minimal.pt", str(REPO / "examples" / "minimal.py"), "--epochs", "1"], cwd=folder,
                           capture_output=True, text=True, timeout=240, env={**os.environ, **_env()})
     assert done.returncode == 0, done.stderr[-3000:]

@@ -201,11 +201,34 @@ def run_in_progress(T: Path, folder: str):
     return proc
 
 
+def descendants(root: int) -> list[int]:
+    """Every process below ``root`` (torchrun starts workers in sessions of their own)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    found, frontier = [], [root]
+    while frontier:
+        frontier = [pid for pid, parent in parents.items() if parent in frontier]
+        found += frontier
+    return found
+
+
 def stop_group(proc) -> None:
-    if proc is not None and proc.poll() is None:
+    if proc is None:
+        return
+    below = descendants(proc.pid)
+    if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGKILL)
-    if proc is not None:
-        proc.wait()
+    for pid in below:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    proc.wait()
 
 
 HOLDER = ("import sys, time; from ddtrain.reliability import ownership; ownership.claim(sys.argv[1], sys.argv[2]); "
@@ -281,12 +304,15 @@ def unmount(folder) -> None:
         subprocess.run(["umount", str(folder)], capture_output=True)
 
 
-def stop_worker_rank1(proc, _handle) -> None:
-    """Once rank 1 trains (its heartbeat thread runs), SIGSTOP it for 40 s, then SIGCONT it."""
+def stop_worker_rank1(proc, T) -> None:
+    """Once the job trains (its first checkpoint is written), SIGSTOP rank 1 for 40 s, then SIGCONT it."""
     deadline = time.time() + 240
     pid = None
     while time.time() < deadline and pid is None and proc.poll() is None:
         time.sleep(0.5)
+        steps = [int(f.name[5:13]) for f in (T / "sigstop").glob("ckpt-*.pt")] if (T / "sigstop").is_dir() else []
+        if max(steps, default=0) < 100:  # a few seconds into training
+            continue
         for entry in os.listdir("/proc"):
             if not entry.isdigit():
                 continue
@@ -294,7 +320,7 @@ def stop_worker_rank1(proc, _handle) -> None:
                 env = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
             except OSError:
                 continue
-            if b"RANK=1" in env and b"HOSTILE_SIGSTOP=1" in env and _training(int(entry)):
+            if b"RANK=1" in env and b"HOSTILE_SIGSTOP=1" in env:
                 pid = int(entry)
     if pid is None:
         print("# SIGSTOP case: rank 1 was not found training", file=sys.stderr, flush=True)
@@ -302,15 +328,6 @@ def stop_worker_rank1(proc, _handle) -> None:
     os.kill(pid, signal.SIGSTOP)
     time.sleep(40)
     os.kill(pid, signal.SIGCONT)
-
-
-def _training(pid: int) -> bool:
-    """True once the process runs its heartbeat thread (started with the training loop)."""
-    try:
-        return any(open(f"/proc/{pid}/task/{t}/comm").read().startswith("ddtrain-heart")
-                   for t in os.listdir(f"/proc/{pid}/task"))
-    except OSError:
-        return False
 
 
 # ---------------------------------------------------------------- the cases
@@ -510,9 +527,9 @@ def cases() -> list[Case]:
     # ---- waits
     out.append(Case("waits", "rank 1 of 3 stopped with SIGSTOP for 40 s, --timeout 120 (was: 300 s of silence)",
                     ["train", "--model", "mlp", "--data", "digits", "--nproc", "3", "--batch-size", "8", "--epochs", "60",
-                     "--timeout", "120", "--quiet"], "warned",
+                     "--timeout", "120", "--quiet", "--checkpoint-dir", "{T}/sigstop", "--checkpoint-every", "10"], "warned",
                     "tests/reliability/test_silent_rank.py::test_a_stopped_rank_is_named_while_the_job_waits",
-                    env={"HOSTILE_SIGSTOP": "1"}, during=stop_worker_rank1, look_for="has been silent for", limit_s=300))
+                    env={"HOSTILE_SIGSTOP": "1"}, during=stop_worker_rank1, before=lambda T: T, look_for="has been silent for", limit_s=300))
     out.append(Case("waits", "DDTRAIN_SILENT_S=soon", ["train", "--model", "mlp", "--data", "digits", "--nproc", "2",
                     "--steps", "4", "--quiet"], "warned", "", env={"DDTRAIN_SILENT_S": "soon"},
                     look_for="DDTRAIN_SILENT_S='soon' is not a positive number"))
@@ -579,6 +596,11 @@ def run_case(i: int, case: Case, T: Path) -> dict:
         stdout, stderr = proc.communicate(timeout=case.limit_s)
         hung = False
     except subprocess.TimeoutExpired:
+        for pid in descendants(proc.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         os.killpg(proc.pid, signal.SIGKILL)
         stdout, stderr = proc.communicate()
         hung = True
@@ -619,7 +641,8 @@ def run_case(i: int, case: Case, T: Path) -> dict:
     return {"id": i, "group": case.group, "input": case.what, "command": shown_command, "expect": case.expect,
             "exit": code, "shown": text, "first_line": (lines[0] if lines else "").replace(str(T), "T"),
             "seconds": round(seconds, 2), "verdict": verdict, "traceback": traceback, "hang": hung, "test": case.test,
-            "error_lines": len(errors)}
+            "error_lines": len(errors),
+            "stderr_lines": [line.replace(str(T), "T") for line in stderr.splitlines() if line.strip()][:12]}
 
 
 def main() -> int:

@@ -55,9 +55,32 @@ def test_a_second_run_on_a_directory_in_use_is_refused_naming_the_owner(tmp_path
         assert second.returncode == 2
         assert sorted(p.name for _, p in checkpoint.listing(ck)) == ["ckpt-00000004.pt", "ckpt-00000008.pt"]
     finally:
+        workers = _children(first.pid)
         if first.poll() is None:
             os.killpg(first.pid, signal.SIGKILL)
+        for pid in workers:  # torchrun starts them in sessions of their own: no orphans left behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         first.wait()
+
+
+def _children(root: int) -> list[int]:
+    """Every process below ``root`` (from /proc)."""
+    parents = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                parents[int(entry)] = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                pass
+    found, frontier = [], [root]
+    while frontier:
+        kids = [pid for pid, parent in parents.items() if parent in frontier]
+        found += kids
+        frontier = kids
+    return found
 
 
 def test_a_live_rank0_worker_of_another_run_blocks_the_directory(tmp_path):

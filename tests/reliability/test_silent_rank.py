@@ -49,8 +49,14 @@ def test_a_stopped_rank_is_named_while_the_job_waits():
         wait_for("[rank 0] ddtrain: note: rank 1 is heard from again after", 15)
         assert proc.poll() is None
     finally:
+        workers = _worker_pids_of(proc.pid)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+        for pid in workers.values():  # torchrun starts them in sessions of their own: no orphans left behind
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
         proc.wait()
 
 

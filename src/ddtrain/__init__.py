@@ -22,8 +22,9 @@ _PUBLIC = {
     "unwrap": "ddtrain.training.prepare",
     "all_reduce_metric": "ddtrain.training.metrics",
     "gather_for_metrics": "ddtrain.training.metrics",
-    **{name: "ddtrain.dist.runtime" for name in ("backend", "device", "init", "is_distributed", "local_rank",
-                                                 "local_world_size", "print0", "rank", "shutdown", "world_size")},
+    **{name: "ddtrain.dist.runtime" for name in ("backend", "device", "init", "is_distributed", "is_server",
+                                                 "local_rank", "local_world_size", "print0", "rank", "shutdown",
+                                                 "total_ranks", "worker_group", "world_size")},
 }
 
 __all__ = [*_PUBLIC, "__version__"]

@@ -24,7 +24,7 @@ import torch.nn as nn
 
 from ddtrain import costmodel
 from ddtrain.sync import SyncOptions, wrap
-from ddtrain.sync.ps.protocol import HEADER_BYTES
+from ddtrain.sync.ps.protocol import header_bytes
 from multirank import run_ranks
 
 WORLD = 4
@@ -37,6 +37,8 @@ def _model():
 
 
 N = sum(p.numel() for p in _model().parameters())
+# ps-sync's header: kind, version, aux, the SGD hyper-parameters and a has-gradient flag per parameter (one server)
+HEADER_BYTES = header_bytes(torch.optim.SGD(_model().parameters(), lr=0.1), len(list(_model().parameters())))
 
 
 def one_step(strategy):

@@ -101,6 +101,7 @@ def shutdown() -> None:
         gc.collect()  # wrappers left in reference cycles (DDP's reducer) let go of the group first
         dist.destroy_process_group()
     _state = None
+    clear_roles()
 
 
 def _s() -> _State:
@@ -113,12 +114,57 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def rank() -> int:
+# Parameter servers (ps-sync, ps-async) set this: (worker ranks, server ranks, the workers' process group).
+_roles: tuple[list[int], list[int], object] | None = None
+
+
+def clear_roles() -> None:
+    global _roles
+    _roles = None
+
+
+def set_roles(workers: list[int], servers: list[int], group) -> None:
+    """Called by a strategy with server ranks: from now on ``rank``/``world_size`` count workers only."""
+    global _roles
+    _roles = (list(workers), list(servers), group)
+
+
+def process_rank() -> int:
+    """This process's rank in the whole job (servers included): what torch.distributed calls its rank."""
     return dist.get_rank() if dist.is_initialized() else _s().env.rank
 
 
-def world_size() -> int:
+def total_ranks() -> int:
+    """Every process of the job, parameter servers included (``world_size()`` + the servers)."""
     return dist.get_world_size() if dist.is_initialized() else _s().env.world_size
+
+
+def rank() -> int:
+    """This worker's rank among the workers (0..world_size()-1), as Horovod's ``hvd.rank()``.
+
+    Workers are the first ranks, so on a worker this is also its process rank; on a parameter
+    server (which runs no user code after ``prepare``) it is the process rank, >= world_size().
+    """
+    return process_rank()
+
+
+def world_size() -> int:
+    """Ranks that train on data: parameter servers are not counted (``total_ranks()`` counts them)."""
+    return len(_roles[0]) if _roles is not None else total_ranks()
+
+
+def is_server() -> bool:
+    """Is this process a parameter server (ps-sync/ps-async with --servers)?"""
+    return _roles is not None and process_rank() in _roles[1]
+
+
+def worker_group():
+    """The workers' process group, for collectives among workers: ``dist.all_reduce(t, group=ddtrain.worker_group())``.
+
+    None (torch's default group) when every rank is a worker. With parameter servers the
+    default group also holds the servers, which never join a user's collective.
+    """
+    return _roles[2] if _roles is not None else None
 
 
 def local_rank() -> int:

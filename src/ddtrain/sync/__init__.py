@@ -48,7 +48,7 @@ for _spec in (
                  replicated=False, checkpointable=False, algorithm="central",  # the master pattern over workers + servers
                  summary="parameter servers on the last --servers ranks; each step waits for every worker"),
     StrategySpec(name="ps-async", build=partial(build_param_server, asynchronous=True), uses_servers=True,
-                 options=("servers", "staleness", "timeout_s"),
+                 options=("servers", "staleness", "async_rule", "timeout_s"),
                  replicated=False, checkpointable=False, synchronous=False,
                  summary="parameter servers applying each gradient as it arrives (--staleness bounds the lag)"),
     StrategySpec(name="hybrid", build=HybridStrategy, replicated=False, sync_in_backward=True, periodic=True,

@@ -50,15 +50,15 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
     # the workers (ranks that train: not the parameter servers) fix the per-rank batch and the lr scaling
-    workers = max(runtime.world_size() - strategy_spec(config.strategy).extra_ranks(config.sync.servers), 1) \
-        if runtime.world_size() > 1 else 1
+    workers = max(runtime.total_ranks() - strategy_spec(config.strategy).extra_ranks(config.sync.servers), 1) \
+        if runtime.total_ranks() > 1 else 1
     config = recipe.resolve(config, workers)     # batch_size: the per-rank micro-batch
     if config.label_smoothing and data.task != "classification":
         raise ConfigError("label_smoothing", f"applies to classification; {data.name} is a {data.task} task")
     trackers = tracking.trackers(config.tracking, runtime.rank())   # a missing library fails here, before training
     optimizer = optimizer or recipe.build_optimizer(config, model, workers)
     # once per process: the start-up comparison and every checkpoint header read this one
-    fingerprint = consistency.fingerprint(config, model, data, runtime.world_size())
+    fingerprint = consistency.fingerprint(config, model, data, runtime.total_ranks())
     consistency.check_startup(fingerprint)  # ranks that disagree refuse to start, naming rank and field
     strategy = wrap(config.strategy, model, optimizer, config.sync)
     distributed = runtime.is_distributed()
@@ -81,7 +81,7 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
         schedule = recipe.Schedule(optimizer, recipe.plan(config, per_epoch))
     if config.clip_grad:
         clip = recipe.clip_gradients(optimizer, config.clip_grad)
-    record = {"config": config.as_dict(), "world_size": runtime.world_size(), "workers": strategy.workers,
+    record = {"config": config.as_dict(), "world_size": runtime.total_ranks(), "workers": strategy.workers,
               "strategy": config.strategy, "role": strategy.role, "sharding": sampler.describe(),
               "global_batch_size": config.batch_size * strategy.workers * config.grad_accum,
               "updates_per_epoch": per_epoch, "epochs": [],

@@ -5,16 +5,23 @@ server holding the fewest elements so far; ties to the lower server), which bala
 
 Messages: one per (worker, server) and direction, each a tensor moved by torch.distributed
 point-to-point (``ddtrain.comm.p2p``: deadlines and traffic counting). A message is a byte
-buffer: a **16-byte header** of two int64 (kind, version) followed by the shard's values,
-so kind, version and data travel in one transfer and a receive never needs to know in
-advance which kind is coming. Sizes never change, so no receive can mismatch: the control
-messages (HELLO, PAUSE, STOP) carry a full-size, unused payload.
+buffer: a **header** of 8-byte slots (kind, version, aux as int64; then the worker's current
+hyper-parameters and, per parameter of the shard, whether it has a gradient, as float64)
+followed by the shard's values, so kind, version, hyper-parameters and data travel in one
+transfer and a receive never needs to know in advance which kind is coming. Sizes never
+change, so no receive can mismatch: the control messages carry a full-size, unused payload.
 
-Worker -> server: GRAD (version = the parameter version the gradient was computed on),
-HELLO (an async worker asks for parameters before computing), PAUSE (an async worker will
-not compute for a while, e.g. at an epoch end: answered at once, never gated), STOP
-(training is over). Server -> worker: PARAMS (version = the server's update count) or FINAL
-(every worker has stopped: the final parameters).
+Worker -> server: GRAD (version = the parameter version the gradient was computed on; the
+header carries the hyper-parameters of every param group, read from the worker's optimizer at
+that step, so a scheduler on the worker changes what the server applies), HELLO (an async
+worker asks for parameters before computing), PAUSE (an async worker will not compute for a
+while, e.g. at an epoch end: answered at once, never gated), STOP (training is over), SET (the
+worker's parameters changed outside training, e.g. a checkpoint loaded after ``prepare``: the
+server installs them), STATE (send me your optimizer state, for ``optimizer.state_dict()``),
+LOAD (install this optimizer state; aux = its size in bytes, the bytes follow in full-size
+messages), ADD (another model is being prepared: once every worker has said ADD, all ranks
+set it up together). Server -> worker: PARAMS (version = the server's update count), FINAL
+(every worker has stopped: the final parameters) or STATE (aux = bytes of the state that follow).
 
 Failure notes go through the job's store, not through messages: after a timed-out wait Gloo
 closes *every* connection of the process ("Application timeout caused pair closure"), so a
@@ -31,7 +38,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -41,11 +48,63 @@ from ddtrain.comm import traffic
 from ddtrain.comm.p2p import open_comm
 from ddtrain.errors import DDTrainError
 
-GRAD, PARAMS, STOP, HELLO, FINAL, PAUSE = range(6)
-KIND_NAMES = {GRAD: "GRAD", PARAMS: "PARAMS", STOP: "STOP", HELLO: "HELLO", FINAL: "FINAL", PAUSE: "PAUSE"}
-HEADER_BYTES = 16                                     # int64 kind, int64 version
+GRAD, PARAMS, STOP, HELLO, FINAL, PAUSE, SET, STATE, LOAD, ADD = range(10)
+KIND_NAMES = {GRAD: "GRAD", PARAMS: "PARAMS", STOP: "STOP", HELLO: "HELLO", FINAL: "FINAL", PAUSE: "PAUSE",
+              SET: "SET", STATE: "STATE", LOAD: "LOAD", ADD: "ADD"}
+ASIDE = (SET, STATE, LOAD)     # answered at once, outside ps-sync's rounds and ps-async's gate
+FIXED_SLOTS = 3                                       # int64 kind, version, aux
 STOP_SUFFIX, CONTROL_SUFFIX = " stop", " control"     # traffic apart from the steps
-SUFFIX = {GRAD: "", STOP: STOP_SUFFIX, HELLO: CONTROL_SUFFIX, PAUSE: CONTROL_SUFFIX}
+SUFFIX = {GRAD: "", STOP: STOP_SUFFIX, HELLO: CONTROL_SUFFIX, PAUSE: CONTROL_SUFFIX, SET: CONTROL_SUFFIX,
+          STATE: CONTROL_SUFFIX, LOAD: CONTROL_SUFFIX, ADD: CONTROL_SUFFIX}
+# param-group entries that choose an implementation, not the arithmetic: not sent
+IMPLEMENTATION_KEYS = {"params", "foreach", "fused", "differentiable", "capturable"}
+
+
+def header_bytes(optimizer, shard_parameters: int) -> int:
+    """Bytes of one message's header for ``optimizer`` and a server holding ``shard_parameters`` parameters."""
+    return 8 * (FIXED_SLOTS + sum(n for _, _, n in hyper_layout(optimizer.param_groups)) + shard_parameters)
+
+
+def hyper_layout(groups) -> list[tuple[int, str, int]]:
+    """(group index, key, slots) of every numeric hyper-parameter in ``groups`` (tuples such as betas: one slot each)."""
+    layout = []
+    for g, group in enumerate(groups):
+        for key, value in group.items():
+            if key in IMPLEMENTATION_KEYS:
+                continue
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                layout.append((g, key, 1))
+            elif isinstance(value, (bool, int, float)):
+                layout.append((g, key, 1))
+            elif isinstance(value, tuple) and value and all(isinstance(v, (int, float)) for v in value):
+                layout.append((g, key, len(value)))
+    return layout
+
+
+def read_hyper(groups, layout) -> list[float]:
+    """The current values of ``layout``'s entries in ``groups``, flat."""
+    if len(groups) != 1 + max((g for g, _, _ in layout), default=len(groups) - 1):
+        raise DDTrainError(f"ps-sync/ps-async: the optimizer has {len(groups)} param groups now; parameter servers "
+                           "need the groups it had at prepare() (add_param_group after prepare is not supported)")
+    values = []
+    for g, key, n in layout:
+        value = groups[g][key]
+        values.extend(float(v) for v in value) if n > 1 or isinstance(value, tuple) else values.append(float(value))
+    return values
+
+
+def write_hyper(groups, layout, values) -> None:
+    """Set ``layout``'s entries of ``groups`` from ``values``, each in its original type."""
+    i = 0
+    for g, key, n in layout:
+        old = groups[g][key]
+        if isinstance(old, tuple):
+            groups[g][key] = tuple(type(o)(v) for o, v in zip(old, values[i:i + n]))
+        elif isinstance(old, torch.Tensor):
+            old.fill_(values[i])
+        else:
+            groups[g][key] = type(old)(values[i])
+        i += n
 
 
 def assign_shards(sizes: list[int], servers: int) -> list[int]:
@@ -59,20 +118,37 @@ def assign_shards(sizes: list[int], servers: int) -> list[int]:
 
 
 class Message:
-    """One preallocated message: a header (kind, version) and a shard's values, in one byte buffer."""
+    """One preallocated message: a header of ``slots`` 8-byte slots and a shard's values, in one byte buffer.
 
-    def __init__(self, numel: int, dtype: torch.dtype, device):
+    Slots 0-2 are int64 (kind, version, aux); the rest float64 (hyper-parameters, then one
+    has-gradient flag per parameter of the shard).
+    """
+
+    def __init__(self, numel: int, dtype: torch.dtype, device, slots: int = FIXED_SLOTS):
         size = torch.empty((), dtype=dtype).element_size()
-        self.buffer = torch.zeros(HEADER_BYTES + numel * size, dtype=torch.uint8, device=device)
-        self.header = self.buffer[:HEADER_BYTES].view(torch.int64)
-        self.payload = self.buffer[HEADER_BYTES:].view(dtype)
+        header_bytes = 8 * slots
+        self.buffer = torch.zeros(header_bytes + numel * size, dtype=torch.uint8, device=device)
+        self.header = self.buffer[:8 * FIXED_SLOTS].view(torch.int64)
+        self.values = self.buffer[8 * FIXED_SLOTS:header_bytes].view(torch.float64)
+        self.payload = self.buffer[header_bytes:].view(dtype)
+        self.payload_bytes = self.buffer[header_bytes:]
 
     def read_header(self) -> tuple[int, int]:
-        kind, version = self.header.tolist()
+        kind, version, _ = self.header.tolist()
         return int(kind), int(version)
 
-    def set_header(self, kind: int, version: int) -> None:
-        self.header.copy_(torch.tensor([kind, version], dtype=torch.int64))
+    def aux(self) -> int:
+        return int(self.header[2].item())
+
+    def set_header(self, kind: int, version: int, aux: int = 0) -> None:
+        self.header.copy_(torch.tensor([kind, version, aux], dtype=torch.int64))
+
+    def set_values(self, values) -> None:
+        if len(values):
+            self.values[:len(values)].copy_(torch.tensor(values, dtype=torch.float64))
+
+    def read_values(self, start: int, count: int) -> list[float]:
+        return self.values[start:start + count].tolist()
 
     @torch.no_grad()
     def pack_(self, tensors, grads: bool = False) -> None:
@@ -106,13 +182,19 @@ class Plan:
     device: torch.device
     timeout_s: float
     pairs: dict | None = None    # ps-async on NCCL: (worker, server) -> that pair's own process group
+    hyper: list = field(default_factory=list)   # hyper_layout of the optimizer's param groups
+    group: object = None         # the process group its messages travel in (None: the default group)
+
+    def slots(self, server_index: int) -> int:
+        return FIXED_SLOTS + sum(n for _, _, n in self.hyper) + len(self.shards[server_index])
 
     def message(self, server_index: int) -> Message:
-        return Message(sum(p.numel() for p in self.shards[server_index]), self.dtype, self.device)
+        return Message(sum(p.numel() for p in self.shards[server_index]), self.dtype, self.device,
+                       self.slots(server_index))
 
     def comm(self, timeout_s: float | None = None, suffix: str = ""):
         """A deadline for one exchange; its traffic counts under ``name + suffix``."""
-        return open_comm(self.name + suffix, None, timeout_s or self.timeout_s, device=self.device)
+        return open_comm(self.name + suffix, self.group, timeout_s or self.timeout_s, device=self.device)
 
     def route(self, comm, worker: int, server: int):
         """(comm, peer group rank) for one transfer between ``worker`` and ``server``.
@@ -132,9 +214,9 @@ class Plan:
         return (self.name, self.name + STOP_SUFFIX, self.name + CONTROL_SUFFIX)
 
 
-def make_plan(name: str, module, servers: int, timeout_s: float | None, world: int) -> Plan:
-    """Roles (the last ``servers`` ranks serve) and the greedy sharding of ``module``'s parameters."""
-    params = [p for p in module.parameters() if p.requires_grad]
+def make_plan(name: str, module, servers: int, timeout_s: float | None, world: int, optimizer=None) -> Plan:
+    """Roles (the last ``servers`` ranks serve) and the greedy sharding of ``module``'s parameters (or a list of them)."""
+    params = [p for p in (module.parameters() if hasattr(module, "parameters") else module) if p.requires_grad]
     if not params:
         raise DDTrainError(f"{name}: the model has no trainable parameters")
     dtypes = {p.dtype for p in params}
@@ -144,7 +226,8 @@ def make_plan(name: str, module, servers: int, timeout_s: float | None, world: i
     owner = assign_shards([p.numel() for p in params], servers)
     shards = [[p for p, o in zip(params, owner) if o == s] for s in range(servers)]
     return Plan(name, list(range(workers)), list(range(workers, world)), shards, params[0].dtype,
-                params[0].device, timeout_s or runtime.timeout_s())
+                params[0].device, timeout_s or runtime.timeout_s(),
+                hyper=hyper_layout(optimizer.param_groups) if optimizer is not None else [])
 
 
 def reattribute(operation: str, suffix: str, nbytes: int, messages: int) -> None:

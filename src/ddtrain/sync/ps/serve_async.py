@@ -7,6 +7,11 @@ fresh parameters only while at most K other gradients are outstanding, and a rec
 is applied only if the outstanding ones, applied oldest first afterwards, stay within K (the
 oldest is always applicable, so nothing deadlocks). The realised staleness of every update is
 recorded (``staleness_histogram``, ``staleness_max``) and never exceeds K.
+
+By default (``SyncOptions.async_rule = "staleness"``) each update's step size is divided by
+``1 + staleness`` and the explicit momentum lowered by the momentum asynchrony adds
+(``server.staleness_rule``; docs/ALGORITHMS.md has the reasons and the measurement);
+``async_rule = "plain"`` applies every gradient with the workers' hyper-parameters as they are.
 """
 from __future__ import annotations
 
@@ -21,7 +26,8 @@ from ddtrain.comm.p2p import CommError, wait
 from ddtrain.errors import DDTrainError
 from ddtrain.reliability.faults import maybe_inject
 from ddtrain.sync.ps.server import ServerCore
-from ddtrain.sync.ps.protocol import CONTROL_SUFFIX, FINAL, GRAD, HELLO, PARAMS, PAUSE, STOP, STOP_SUFFIX, reattribute
+from ddtrain.sync.ps.protocol import (ADD, ASIDE, CONTROL_SUFFIX, FINAL, GRAD, HELLO, PARAMS, PAUSE, STOP, STOP_SUFFIX,
+                                     reattribute)
 
 MIN_SLEEP_S, MAX_SLEEP_S = 50e-6, 2e-3     # NCCL polling: idle sleeps from 50 us, doubling up to 2 ms
 
@@ -73,7 +79,7 @@ class Arrivals:
     def _next_anysource(self, timeout_s: float) -> int | None:
         if None not in self.posted:
             message = self.free.pop() if self.free else self.plan.message(self.core.index)
-            self.posted[None] = (dist.irecv(message.buffer), message)
+            self.posted[None] = (dist.irecv(message.buffer, group=self.plan.group), message)
         work, message = self.posted[None]
         try:
             work.wait(timeout=datetime.timedelta(seconds=max(timeout_s, 1e-3)))
@@ -82,7 +88,7 @@ class Arrivals:
                 return None
             raise CommError(f"{self.plan.name}: receive from any worker failed: {exc}") from exc
         del self.posted[None]
-        worker = work._source_rank()
+        worker = work._source_rank()     # a group rank: every model's group holds all ranks in order
         self.core.inbox[worker] = message
         traffic.record(self.plan.name, bytes_received=message.buffer.numel(), messages_received=1)
         return worker
@@ -101,11 +107,17 @@ class Arrivals:
             sleep = min(sleep * 2, MAX_SLEEP_S)
 
 
-def serve_async(core: ServerCore, bound: int) -> None:
-    """Serve until every worker has sent STOP; then send all of them the final parameters."""
+def serve_async(core: ServerCore, bound: int, rule: str = "staleness", on_add=None, arrivals=None) -> None:
+    """Serve until every worker has sent STOP; then send all of them the final parameters.
+
+    ``rule``: "staleness" (the default correction, see the module docstring) or "plain".
+    ``on_add``: called once every active worker has sent ADD. ``arrivals``: where messages come
+    from (tests pass a scripted one; default ``Arrivals(core)``).
+    """
     plan = core.plan
     active = set(plan.workers)
-    arrivals = Arrivals(core)
+    arrivals = arrivals or Arrivals(core)
+    adding: list[int] = []             # workers that have sent ADD, waiting for the others
     expected_since = {}                # worker -> when we started waiting for its next message
     outstanding: dict[int, int] = {}   # worker -> version its gradient is (being) computed on
     received: dict[int, int] = {}      # worker -> version, gradient here but not applied yet
@@ -131,9 +143,28 @@ def serve_async(core: ServerCore, bound: int) -> None:
             core.fail(oldest[0], f"no message for {plan.timeout_s:g}s")
         expected_since.pop(w, None)
         kind, version = core.inbox[w].read_header()
-        if kind in (HELLO, PAUSE, STOP):
+        if kind != GRAD:
             reattribute(plan.name, STOP_SUFFIX if kind == STOP else CONTROL_SUFFIX, core.inbox[w].buffer.numel(), 1)
-        if kind == HELLO:
+        if kind in ASIDE:
+            # answered at once and not gated: the worker waits for this answer only
+            with core.ledger.timed():
+                core.aside(plan.comm(suffix=CONTROL_SUFFIX), w, kind)
+            arrivals.expect(w)
+            expected_since[w] = time.monotonic()
+        elif kind == ADD:
+            # another model is prepared: like PAUSE, the worker computes nothing until every
+            # worker has said ADD and all ranks have set the model up together
+            outstanding.pop(w, None)
+            adding.append(w)
+            if len(adding) == len(active):
+                with core.ledger.timed():
+                    core.send(plan.comm(suffix=CONTROL_SUFFIX), adding, PARAMS, "parameters (add)")
+                on_add()
+                for a in adding:
+                    arrivals.expect(a)
+                    expected_since[a] = time.monotonic()
+                adding = []
+        elif kind == HELLO:
             answer.append((w, CONTROL_SUFFIX))
         elif kind == PAUSE:
             # The worker is about to wait for the other workers (epoch-end metrics, validation,
@@ -161,9 +192,12 @@ def serve_async(core: ServerCore, bound: int) -> None:
         for w in sorted(received, key=lambda w: (received[w], w)):     # oldest first
             if not feasible(outstanding, w, core.version, bound):
                 continue
-            staleness[core.version - received[w]] += 1
+            lag = core.version - received[w]
+            staleness[lag] += 1
             maybe_inject(core.version, core.rank)
-            core.apply_(core.inbox[w].payload)
+            mean = sum(k * n for k, n in staleness.items()) / sum(staleness.values())
+            core.apply_(core.inbox[w].payload, core.inbox[w], staleness=lag if rule == "staleness" else None,
+                        mean_staleness=mean)
             del received[w], outstanding[w]
             answer.append((w, ""))
         with core.ledger.timed():

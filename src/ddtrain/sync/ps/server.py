@@ -1,10 +1,13 @@
 """A parameter server's state and messages (``ServerCore``), and the NCCL connection set-up of every pair (``connect_peers``).
 
-Each server holds a shard of the parameters and runs the user's optimizer on them only; the
-serving loops are ``serve_sync`` (ps-sync) and ``serve_async`` (ps-async). A server that hears
-nothing from a worker in time leaves a note in the job's store naming it and fails naming it.
+Each server holds a shard of the parameters and runs the user's optimizer on them only, with
+the hyper-parameters the workers send with every gradient; the serving loops are
+``serve_sync`` (ps-sync) and ``serve_async`` (ps-async). A server that hears nothing from a
+worker in time leaves a note in the job's store naming it and fails naming it.
 """
 from __future__ import annotations
+
+import io
 
 import torch
 import torch.distributed as dist
@@ -13,7 +16,42 @@ from ddtrain.comm.p2p import CommError, exchange, wait
 from ddtrain.errors import DDTrainError
 from ddtrain.sync.accounting import Ledger
 from ddtrain.sync.base import SyncStats
-from ddtrain.sync.ps.protocol import KIND_NAMES, FailureNote, Plan
+from ddtrain.sync.ps.protocol import KIND_NAMES, LOAD, PARAMS, SET, STATE, FailureNote, Plan, write_hyper
+
+
+def to_bytes(obj) -> torch.Tensor:
+    buffer = io.BytesIO()
+    torch.save(obj, buffer)
+    return torch.frombuffer(bytearray(buffer.getvalue()), dtype=torch.uint8)
+
+
+def from_bytes(data: torch.Tensor):
+    return torch.load(io.BytesIO(data.cpu().numpy().tobytes()), weights_only=True)
+
+
+def chunks(nbytes: int, message) -> int:
+    """Full-size messages needed to carry ``nbytes`` in payloads of ``message``'s size."""
+    room = message.payload_bytes.numel()
+    if nbytes and not room:
+        raise DDTrainError("ps: a server holds no parameters, so its messages cannot carry optimizer state")
+    return -(-nbytes // room) if nbytes else 0
+
+
+def staleness_rule(hyper_groups, staleness: int, mean_staleness: float) -> None:
+    """ps-async's default correction of one update's hyper-parameters, in place (docs/ALGORITHMS.md).
+
+    Step size divided by ``1 + staleness`` (Zhang et al. 2016: a gradient computed ``s``
+    versions ago gets ``lr / (1 + s)``), and explicit momentum lowered by the momentum that
+    asynchrony adds (Mitliagkas et al. 2016: updates whose staleness averages ``m`` behave as if
+    momentum ``m / (1 + m)`` were added, ``1 - 1/M`` for M workers in turn): ``mu - m / (1 + m)``,
+    at least 0. Subtracting was measured better than keeping ``(1 - mu)`` fixed (ALGORITHMS.md).
+    """
+    implicit = mean_staleness / (1.0 + mean_staleness)
+    for group in hyper_groups:
+        if "lr" in group:
+            group["lr"] = group["lr"] / (1.0 + staleness)
+        if isinstance(group.get("momentum"), float) and group["momentum"] > 0:
+            group["momentum"] = max(0.0, group["momentum"] - implicit)
 
 
 class ServerCore:
@@ -34,27 +72,105 @@ class ServerCore:
         self.rank = plan.servers[index]
 
     @torch.no_grad()
-    def apply_(self, grads: torch.Tensor) -> None:
-        """One optimizer step of this server's parameters with the flat gradient ``grads``."""
+    def apply_(self, grads: torch.Tensor, message=None, staleness: int | None = None, mean_staleness: float = 0.0,
+               has_grad=None) -> None:
+        """One optimizer step of this server's parameters with the flat gradient ``grads``.
+
+        ``message`` (the worker's GRAD, or the first of a ps-sync round) brings the worker's
+        current hyper-parameters; ``has_grad`` says which parameters have a gradient (the others
+        get ``grad = None`` and torch's optimizers skip them, as in one process). ``staleness``
+        (ps-async with the correction on): apply ``staleness_rule`` to this update.
+        """
+        hyper = self.plan.hyper
+        groups = self.optimizer.param_groups
+        if message is not None and hyper:
+            write_hyper(groups, hyper, message.read_values(0, sum(n for _, _, n in hyper)))
+        if has_grad is None and message is not None:
+            has_grad = self.has_grad(message)
+        saved = None
+        if staleness is not None:
+            saved = [{k: g[k] for k in ("lr", "momentum") if k in g} for g in groups]
+            staleness_rule(groups, staleness, mean_staleness)
         offset = 0
-        for p in self.params:
-            p.grad = grads[offset:offset + p.numel()].view_as(p)
+        for i, p in enumerate(self.params):
+            if has_grad is None or has_grad[i]:
+                p.grad = grads[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
         with torch.enable_grad():
             self.optimizer.step()
         for p in self.params:
             p.grad = None
+        if saved is not None:       # the next update starts again from the worker's values
+            for g, values in zip(groups, saved):
+                g.update(values)
         self.version += 1
+
+    def has_grad(self, message) -> list[bool]:
+        start = sum(n for _, _, n in self.plan.hyper)
+        return [flag > 0.5 for flag in message.read_values(start, len(self.params))]
+
+    def aside(self, comm, worker: int, kind: int) -> None:
+        """Answer SET, STATE or LOAD from ``worker`` (its message is in ``inbox[worker]``) at once."""
+        message = self.inbox[worker]
+        if kind == SET:
+            message.unpack_(self.params)
+            self.send(comm, [worker], PARAMS, "parameters (set)")
+        elif kind == STATE:
+            data = to_bytes(self.shard_state())
+            self.send(comm, [worker], STATE, "optimizer state", aux=data.numel())
+            self.send_bytes(comm, worker, data)
+        elif kind == LOAD:
+            data = self.receive_bytes(comm, worker, message.aux())
+            self.load_shard_state(from_bytes(data))
+            self.send(comm, [worker], PARAMS, "parameters (state loaded)")
+
+    def shard_state(self) -> dict:
+        """This server's part of the optimizer state, keyed as ``optimizer.state_dict()`` keys it."""
+        mine = {id(p) for p in self.params}
+        index = [id(p) for g in self.optimizer.param_groups for p in g["params"]]
+        state = self.optimizer.state_dict()["state"]
+        return {i: s for i, s in state.items() if index[i] in mine}
+
+    def load_shard_state(self, state: dict) -> None:
+        mine = {id(p) for p in self.params}
+        index = [id(p) for g in self.optimizer.param_groups for p in g["params"]]
+        ours = {int(i): s for i, s in state.items() if int(i) < len(index) and index[int(i)] in mine}
+        self.optimizer.load_state_dict({"state": ours, "param_groups": self.optimizer.state_dict()["param_groups"]})
+
+    def send_bytes(self, comm, worker: int, data: torch.Tensor) -> None:
+        room = self.outbox.payload_bytes.numel()
+        for c in range(chunks(data.numel(), self.outbox)):
+            part = data[c * room:(c + 1) * room]
+            self.outbox.payload_bytes[:part.numel()].copy_(part)
+            link, peer = self.plan.route(comm, worker, self.rank)
+            try:
+                wait(link, exchange(link, sends=[(peer, self.outbox.buffer)], label="optimizer state"))
+            except CommError as exc:
+                self.fail(worker, f"could not send the optimizer state: {exc}")
+
+    def receive_bytes(self, comm, worker: int, nbytes: int) -> torch.Tensor:
+        message = self.inbox[worker]
+        room = message.payload_bytes.numel()
+        data = torch.empty(nbytes, dtype=torch.uint8)
+        for c in range(chunks(nbytes, message)):
+            pending = self.post_receive(comm, worker, "optimizer state")
+            try:
+                wait(pending.comm, pending)
+            except CommError as exc:
+                self.fail(worker, f"could not receive the optimizer state: {exc}")
+            part = data[c * room:(c + 1) * room]
+            part.copy_(message.payload_bytes[:part.numel()])
+        return data
 
     def post_receive(self, comm, worker: int, what: str):
         """Post the receive of ``worker``'s next message; wait for it with ``wait(pending.comm, pending)``."""
         link, peer = self.plan.route(comm, worker, self.rank)
         return exchange(link, recvs=[(peer, self.inbox[worker].buffer)], label=f"{what} from worker")
 
-    def send(self, comm, workers, kind: int, label: str) -> None:
+    def send(self, comm, workers, kind: int, label: str, aux: int = 0) -> None:
         """Send ``kind`` (with the current parameters) to ``workers`` and wait until it has left."""
         self.outbox.pack_(self.params)
-        self.outbox.set_header(kind, self.version)
+        self.outbox.set_header(kind, self.version, aux)
         posted = []
         for w in workers:
             link, peer = self.plan.route(comm, w, self.rank)

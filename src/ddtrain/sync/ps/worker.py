@@ -1,17 +1,27 @@
 """A parameter-server worker's side: ``WorkerLink`` pushes gradients and pulls parameters, ``WorkerOptimizer`` steps with it.
 
+Every gradient travels with the hyper-parameters the worker's optimizer has at that step (a
+scheduler or a hand edit on the worker is what the servers apply) and with which parameters
+have a gradient. Parameters changed on the worker outside training (a checkpoint loaded after
+``prepare``) are noticed by their version counters and sent to the servers before the next
+exchange; the optimizer state lives on the servers and ``optimizer.state_dict()`` /
+``load_state_dict()`` fetch and install it there (``state`` / ``load_state``).
+
 Every wait has the deadline of the plan's timeout plus ``WORKER_MARGIN_S``; a failed wait reads
 the server's ``FailureNote`` and names the worker the server lost, or, without a note, the server.
 """
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 
 from ddtrain.comm.p2p import CommError, exchange, wait
 from ddtrain.dist import runtime
 from ddtrain.errors import DDTrainError
 from ddtrain.sync.accounting import Ledger
-from ddtrain.sync.ps.protocol import FINAL, GRAD, HELLO, KIND_NAMES, PARAMS, PAUSE, SUFFIX, FailureNote, Plan
+from ddtrain.sync.ps.protocol import (FINAL, GRAD, HELLO, KIND_NAMES, LOAD, PARAMS, PAUSE, SET, STATE, SUFFIX, FailureNote,
+                                     Plan, read_hyper)
+from ddtrain.sync.ps.server import chunks, from_bytes, to_bytes
 
 # Workers wait this much longer than servers, so that a server, which started waiting for a
 # dead worker earlier than any live worker started waiting for the server, always times out first.
@@ -22,48 +32,114 @@ NOTE_WAIT_S = 1.0            # after losing its server's connection, how long a 
 class WorkerLink:
     """A worker's side: push gradients, pull parameters, one message each way per server."""
 
-    def __init__(self, plan: Plan, ledger: Ledger, note: FailureNote):
+    def __init__(self, plan: Plan, ledger: Ledger, note: FailureNote, optimizer=None):
         self.plan, self.ledger, self.note = plan, ledger, note
+        self.optimizer = optimizer   # whose param_groups' current values travel with every gradient
         self.push = [plan.message(s) for s in range(len(plan.servers))]
         self.pull = [plan.message(s) for s in range(len(plan.servers))]
         self.versions = [0] * len(plan.servers)
         self.steps = 0
         self.paused = False          # ps-async: must say HELLO before computing again
+        self.seen = self._param_versions()
 
-    def exchange(self, kind: int, what: str) -> None:
+    def _param_versions(self) -> list[list[int]]:
+        """Each parameter's in-place version counter: bumped by load_state_dict or a hand edit, not by us after install."""
+        return [[p._version for p in shard] for shard in self.plan.shards]
+
+    def exchange(self, kind: int, what: str, aux: int = 0) -> None:
         """Send ``kind`` to every server, wait for each answer, and install the parameters it brings."""
         plan = self.plan
+        if kind in (GRAD, HELLO):
+            self.push_changed_parameters()
         with self.ledger.timed():
             comm = plan.comm(plan.timeout_s + WORKER_MARGIN_S, suffix=SUFFIX[kind])
             pending = []
+            hyper = read_hyper(self.optimizer.param_groups, plan.hyper) if self.optimizer is not None else []
             for s, server in enumerate(plan.servers):
                 if kind == GRAD:
                     self.push[s].pack_(plan.shards[s], grads=True)
-                self.push[s].set_header(kind, self.versions[s])
-                link, peer = plan.route(comm, runtime.rank(), server)
+                    self.push[s].set_values(hyper + [float(p.grad is not None) for p in plan.shards[s]])
+                elif kind == SET:
+                    self.push[s].pack_(plan.shards[s])
+                self.push[s].set_header(kind, self.versions[s], aux)
+                link, peer = plan.route(comm, dist.get_rank(), server)
                 pending.append((link, exchange(link, sends=[(peer, self.push[s].buffer)],
                                                recvs=[(peer, self.pull[s].buffer)], label=f"{what} {self.steps}")))
             for s, server in enumerate(plan.servers):
-                try:
-                    wait(*pending[s])
-                except CommError as exc:
-                    # a server that timed out on a dead worker closes all its connections at once,
-                    # then writes its note; a server that merely went silent leaves none
-                    note = self.note.read(0.0 if "timed out" in str(exc) else NOTE_WAIT_S)
-                    if note:
-                        raise DDTrainError(f"{plan.name}: {note}; worker rank {runtime.rank()} stops") from None
-                    raise DDTrainError(f"{plan.name}: parameter server rank {server} did not answer {what} "
-                                       f"{self.steps} of worker rank {runtime.rank()}: {exc}") from exc
+                self._wait(pending[s], server, what)
                 answer, version = self.pull[s].read_header()
+                if answer == STATE and kind == STATE:
+                    continue            # the state's bytes follow (``state``)
                 if answer not in (PARAMS, FINAL):
                     raise DDTrainError(f"{plan.name}: parameter server rank {server} answered "
                                        f"{KIND_NAMES.get(answer, answer)} to {what}; expected PARAMS")
                 self.versions[s] = version
                 self.pull[s].unpack_(plan.shards[s])
+                self.seen[s] = [p._version for p in plan.shards[s]]
+
+    def _wait(self, pending, server: int, what: str) -> None:
+        plan = self.plan
+        try:
+            wait(*pending)
+        except CommError as exc:
+            # a server that timed out on a dead worker closes all its connections at once,
+            # then writes its note; a server that merely went silent leaves none
+            note = self.note.read(0.0 if "timed out" in str(exc) else NOTE_WAIT_S)
+            if note:
+                raise DDTrainError(f"{plan.name}: {note}; worker rank {dist.get_rank()} stops") from None
+            raise DDTrainError(f"{plan.name}: parameter server rank {server} did not answer {what} "
+                               f"{self.steps} of worker rank {dist.get_rank()}: {exc}") from exc
+
+    def push_changed_parameters(self) -> None:
+        """SET: parameters changed here since the servers last sent them (a loaded checkpoint) go to the servers."""
+        if self._param_versions() != self.seen:
+            self.exchange(SET, "set parameters")
 
     def step(self) -> None:
         self.exchange(GRAD, "step")
         self.steps += 1
+
+    def state(self) -> dict:
+        """The optimizer state the servers hold, keyed as ``optimizer.state_dict()["state"]`` keys it."""
+        self.push_changed_parameters()
+        self.exchange(STATE, "optimizer state")
+        merged = {}
+        comm = self.plan.comm(self.plan.timeout_s + WORKER_MARGIN_S, suffix=SUFFIX[STATE])
+        for s, server in enumerate(self.plan.servers):
+            message = self.pull[s]
+            nbytes, room = message.aux(), message.payload_bytes.numel()
+            data = torch.empty(nbytes, dtype=torch.uint8)
+            for c in range(chunks(nbytes, message)):
+                link, peer = self.plan.route(comm, dist.get_rank(), server)
+                self._wait((link, exchange(link, recvs=[(peer, message.buffer)], label="optimizer state")),
+                           server, "optimizer state")
+                part = data[c * room:(c + 1) * room]
+                part.copy_(message.payload_bytes[:part.numel()])
+            merged.update(from_bytes(data))
+        return dict(sorted(merged.items()))
+
+    def load_state(self, state: dict) -> None:
+        """LOAD: every server installs its part of ``state`` (``optimizer.state_dict()["state"]``)."""
+        data = to_bytes(state)
+        plan = self.plan
+        with self.ledger.timed():
+            comm = plan.comm(plan.timeout_s + WORKER_MARGIN_S, suffix=SUFFIX[LOAD])
+            for s, server in enumerate(plan.servers):
+                message = self.push[s]
+                message.set_header(LOAD, self.versions[s], data.numel())
+                link, peer = plan.route(comm, dist.get_rank(), server)
+                sends = [(peer, message.buffer.clone())]
+                room = message.payload_bytes.numel()
+                for c in range(chunks(data.numel(), message)):
+                    part = data[c * room:(c + 1) * room]
+                    message.payload_bytes[:part.numel()].copy_(part)
+                    sends.append((peer, message.buffer.clone()))
+                self._wait((link, exchange(link, sends=sends, recvs=[(peer, self.pull[s].buffer)],
+                                           label="load optimizer state")), server, "load optimizer state")
+                answer, version = self.pull[s].read_header()
+                if answer != PARAMS:
+                    raise DDTrainError(f"{plan.name}: parameter server rank {server} answered "
+                                       f"{KIND_NAMES.get(answer, answer)} to LOAD; expected PARAMS")
 
     def pause(self) -> None:
         """ps-async: tell the servers this worker stops computing (before waiting on other workers)."""
@@ -76,6 +152,17 @@ class WorkerLink:
         if self.paused and module.training and torch.is_grad_enabled():
             self.exchange(HELLO, "hello")
             self.paused = False
+
+
+def run_post_hooks(optimizer) -> None:
+    """The user's optimizer's step post-hooks (a schedule stepped by them), after an update the servers made.
+
+    Its pre-hooks do not run here: they would act on this worker's own gradient before the
+    average (a clipping hook runs on the servers, which hold the same optimizer in ``fit``).
+    """
+    from torch.optim.optimizer import _global_optimizer_post_hooks
+    for hook in [*_global_optimizer_post_hooks.values(), *optimizer._optimizer_step_post_hooks.values()]:
+        hook(optimizer, (), {})
 
 
 class WorkerOptimizer:
@@ -92,6 +179,7 @@ class WorkerOptimizer:
         if closure is not None:
             raise DDTrainError("ps-sync/ps-async: optimizer.step(closure) is not supported on workers")
         self._link.step()
+        run_post_hooks(self._inner)
 
     def __getattr__(self, name):
         return getattr(self._inner, name)

@@ -1,0 +1,120 @@
+"""ps-async's server with a fixed arrival order: its parameters equal a hand-computed sequence of stale updates.
+
+The server loop (``serve_async``) runs in this process with a scripted arrival order instead
+of a process group: two workers whose loss is 0.5 ||theta - t_w||^2 (gradient theta_w - t_w,
+theta_w the parameters the server last sent worker w), SGD lr 0.5 without momentum. The
+expected parameters after every update are written out below, update by update, with each
+gradient's staleness; a server that ignored one worker's gradients (or applied one twice,
+or used fresh instead of stale parameters) gives other numbers.
+"""
+import torch
+
+from ddtrain.sync.accounting import Ledger
+from ddtrain.sync.base import SyncStats
+from ddtrain.sync.ps.protocol import FINAL, GRAD, HELLO, PARAMS, STOP, FailureNote, Plan, hyper_layout, read_hyper
+from ddtrain.sync.ps.serve_async import serve_async
+from ddtrain.sync.ps.server import ServerCore
+
+LR = 0.5
+TARGET = {0: torch.tensor([1.0, 2.0]), 1: torch.tensor([-1.0, 4.0])}
+
+
+class RecordingCore(ServerCore):
+    """A server core whose answers are recorded (parameters and version per worker) instead of sent."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.given = {}          # worker -> (version, parameters) it last received
+        self.after_update = []   # parameters after each update
+
+    def apply_(self, *args, **kwargs):
+        super().apply_(*args, **kwargs)
+        self.after_update.append(self.params[0].detach().clone())
+
+    def send(self, comm, workers, kind, label, aux=0):
+        assert kind in (PARAMS, FINAL)
+        for w in workers:
+            self.given[w] = (self.version, self.params[0].detach().clone())
+
+
+class Scripted:
+    """Messages in a fixed order: (worker, kind); a GRAD is computed on what that worker was last given."""
+
+    anysource = True
+
+    def __init__(self, core, script):
+        self.core, self.script = core, list(script)
+
+    def expect(self, worker):
+        pass
+
+    def release(self, worker):
+        pass
+
+    def next(self, timeout_s):
+        worker, kind = self.script.pop(0)
+        message = self.core.inbox[worker]
+        version = 0
+        if kind == GRAD:
+            version, theta = self.core.given[worker]
+            message.payload.copy_(theta - TARGET[worker])
+            message.set_values(read_hyper(self.core.optimizer.param_groups, self.core.plan.hyper) + [1.0])
+        message.set_header(kind, version)
+        return worker
+
+
+def serve(script, rule):
+    param = torch.nn.Parameter(torch.zeros(2))
+    optimizer = torch.optim.SGD([param], lr=LR)
+    plan = Plan("ps-async", [0, 1], [2], [[param]], torch.float32, torch.device("cpu"), 10.0,
+                hyper=hyper_layout(optimizer.param_groups))
+    core = RecordingCore(plan, optimizer, 0, Ledger(plan.operations()), SyncStats(), FailureNote("ps-async"))
+    serve_async(core, bound=4, rule=rule, arrivals=Scripted(core, script))
+    return core
+
+
+# Both workers start, worker 0 is twice as fast as worker 1 for a while.
+SCRIPT = [(0, HELLO), (1, HELLO), (0, GRAD), (0, GRAD), (1, GRAD), (0, GRAD), (1, GRAD), (0, STOP), (1, STOP)]
+
+
+def test_plain_rule_applies_every_stale_gradient_as_it_arrives():
+    core = serve(SCRIPT, "plain")
+    t0, t1 = TARGET[0], TARGET[1]
+    v0 = torch.zeros(2)                       # both workers were given version 0
+    v1 = v0 - LR * (v0 - t0)                  # worker 0, computed on v0, staleness 0 -> [0.5, 1]
+    v2 = v1 - LR * (v1 - t0)                  # worker 0 again, on v1 (its answer), staleness 0 -> [0.75, 1.5]
+    v3 = v2 - LR * (v0 - t1)                  # worker 1, computed on v0, staleness 2 -> [0.25, 3.5]
+    v4 = v3 - LR * (v2 - t0)                  # worker 0, on v2, staleness 1 -> [0.375, 3.75]
+    v5 = v4 - LR * (v3 - t1)                  # worker 1, on v3, staleness 1 -> [-0.25, 4.0]
+    assert torch.allclose(v5, torch.tensor([-0.25, 4.0]))
+    assert len(core.after_update) == 5
+    for got, want in zip(core.after_update, [v1, v2, v3, v4, v5]):
+        assert torch.allclose(got, want), (got, want)
+    assert core.stats.extra["staleness_histogram"] == {"0": 2, "1": 2, "2": 1}
+
+
+def test_staleness_rule_divides_each_step_by_one_plus_its_staleness():
+    core = serve(SCRIPT, "staleness")
+    t0, t1 = TARGET[0], TARGET[1]
+    v0 = torch.zeros(2)
+    v1 = v0 - LR / 1 * (v0 - t0)              # staleness 0
+    v2 = v1 - LR / 1 * (v1 - t0)              # staleness 0
+    v3 = v2 - LR / 3 * (v0 - t1)              # staleness 2
+    v4 = v3 - LR / 2 * (v2 - t0)              # staleness 1
+    v5 = v4 - LR / 2 * (v3 - t1)              # staleness 1
+    for got, want in zip(core.after_update, [v1, v2, v3, v4, v5]):
+        assert torch.allclose(got, want), (got, want)
+    assert core.optimizer.param_groups[0]["lr"] == LR     # the worker's value stays; each update only scales it
+
+
+def test_a_tight_bound_holds_the_fast_worker_back():
+    """Staleness 1: worker 0's third gradient waits until worker 1's (computed on v0) has been applied."""
+    core = serve([(0, HELLO), (1, HELLO), (0, GRAD), (1, GRAD), (0, GRAD), (1, GRAD), (0, STOP), (1, STOP)], "plain")
+    t0, t1 = TARGET[0], TARGET[1]
+    v0 = torch.zeros(2)
+    v1 = v0 - LR * (v0 - t0)                  # worker 0 on v0
+    v2 = v1 - LR * (v0 - t1)                  # worker 1 on v0, staleness 1
+    v3 = v2 - LR * (v1 - t0)                  # worker 0 on v1 (its answer), staleness 1
+    v4 = v3 - LR * (v2 - t1)                  # worker 1 on v2, staleness 1
+    for got, want in zip(core.after_update, [v1, v2, v3, v4]):
+        assert torch.allclose(got, want), (got, want)

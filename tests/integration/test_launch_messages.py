@@ -20,21 +20,22 @@ def run(*args, timeout=180, **extra):
                           timeout=timeout)
 
 
-def test_a_failed_worker_is_one_line_naming_it_and_its_log_file():
+def test_a_failed_worker_is_one_line_naming_it_and_its_log_file(tmp_path):
     # today: the worker's line, then the launcher's "worker rank 2 failed ... (its message is above)"
-    result = run(*TRAIN, "--nproc", "3", DDTRAIN_FAULT="rank=2,step=3,kind=raise")
+    result = run(*TRAIN, "--nproc", "3", DDTRAIN_FAULT="rank=2,step=3,kind=raise", DDTRAIN_LOG_DIR=str(tmp_path))
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
     match = re.fullmatch(r"\[rank 2\] ddtrain: error: InjectedFault: rank 2 deliberately failed at step 3 "
                          r"\(DDTRAIN_FAULT\) .*\(rank 2's full output: (\S+stderr\.log)\)", lines[0])
     assert match, lines[0]
+    assert match.group(1).startswith(str(tmp_path / "ddtrain-logs-"))  # DDTRAIN_LOG_DIR says where
     with open(match.group(1)) as log:  # the file named holds what the worker printed
         assert "InjectedFault: rank 2 deliberately failed at step 3" in log.read()
 
 
-def test_a_killed_worker_is_one_line_naming_the_signal():
-    result = run(*TRAIN, "--nproc", "2", DDTRAIN_FAULT="rank=1,step=3,kind=kill")
+def test_a_killed_worker_is_one_line_naming_the_signal(tmp_path):
+    result = run(*TRAIN, "--nproc", "2", DDTRAIN_FAULT="rank=1,step=3,kind=kill", DDTRAIN_LOG_DIR=str(tmp_path))
     assert result.returncode == 1
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, result.stderr
@@ -51,6 +52,7 @@ BAD_ENV = [
     ("MASTER_PORT", "70000", "environment variable MASTER_PORT='70000' must be from 1 to 65535"),
     ("WORLD_SIZE", "0", "environment variable WORLD_SIZE='0' must be >= 1"),
     ("DDTRAIN_BACKEND", "mpi", "environment variable DDTRAIN_BACKEND='mpi': valid: gloo, nccl"),
+    ("DDTRAIN_LOG_DIR", "/nonexistent/logs", "environment variable DDTRAIN_LOG_DIR='/nonexistent/logs' is not a directory"),
 ]
 
 

@@ -87,8 +87,8 @@ def test_stale_rank_variables_in_the_shell_do_not_take_over_nproc():
         "this process (no TORCHELASTIC_RUN_ID), and --nproc starts the workers"), result.stderr
 
 
-def test_a_deadline_too_short_to_meet_is_one_line_without_cpp_frames():
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def test_a_deadline_too_short_to_meet_is_one_line_without_cpp_frames(tmp_path):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "DDTRAIN_LOG_DIR": str(tmp_path)}
     env.pop("RANK", None)
     result = subprocess.run([sys.executable, "-m", "ddtrain", *TRAIN, "--nproc", "2", "--timeout", "0.000001"],
                             capture_output=True, text=True, env=env, timeout=120)

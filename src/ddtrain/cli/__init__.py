@@ -75,6 +75,9 @@ def check_environment() -> None:
             and int(os.environ["RANK"]) >= int(os.environ["WORLD_SIZE"]):
         raise DDTrainError(f"environment variables RANK={os.environ['RANK']} and WORLD_SIZE="
                            f"{os.environ['WORLD_SIZE']}: the rank must be below the world size")
+    logs = os.environ.get("DDTRAIN_LOG_DIR", "")
+    if logs and not os.path.isdir(logs):
+        raise DDTrainError(f"environment variable DDTRAIN_LOG_DIR={logs!r} is not a directory")
     backend = os.environ.get("DDTRAIN_BACKEND", "")
     if backend not in ("", "gloo", "nccl"):
         raise DDTrainError(f"environment variable DDTRAIN_BACKEND={backend!r}: valid: gloo, nccl")

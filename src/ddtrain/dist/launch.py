@@ -277,7 +277,8 @@ class WorkerLogs:
     ERROR = ("ddtrain: error:", "stopped: lost contact with another rank")
 
     def __init__(self):
-        self.root = tempfile.mkdtemp(prefix="ddtrain-logs-")
+        # DDTRAIN_LOG_DIR: where the folder goes (default: the temporary directory)
+        self.root = tempfile.mkdtemp(prefix="ddtrain-logs-", dir=os.environ.get("DDTRAIN_LOG_DIR") or None)
         self.files: dict[str, dict] = {}
         self.errors: dict[tuple[int, int], str] = {}    # (attempt, local rank) -> its first error line
         self.last: dict[tuple[int, int], str] = {}      # (attempt, local rank) -> the end of its traceback

@@ -375,7 +375,7 @@ def cases() -> list[Case]:
                     "tests/data/test_validation_metrics.py::test_fewer_validation_samples_than_ranks_give_the_exact_mean",
                     look_for="val_loss: "))
     data("missing npz file", "npz:{T}/nowhere.npz", "")
-    data("a folder given as npz:FILE", "npz:{T}/D", "")
+    data("a folder given as npz:FILE", "npz:{T}/D", "test_a_path_of_the_wrong_kind_is_named")
     for name, what in (("flipped", "100 bytes flipped in the images' gzip stream"), ("cut", "the images' gzip cut in half"),
                        ("crc", "one CRC bit flipped"), ("html", "an HTML page saved as the .gz")):
         data(f"mnist: {what}", f"mnist:{{T}}/mnist_{name}",
@@ -394,7 +394,9 @@ def cases() -> list[Case]:
             ("dangling", "dog/gone.png -> deleted.png (dangling)", "test_dangling_image_symlink_is_refused")):
         data(f"imagefolder: {what}", f"imagefolder:{{T}}/{folder}", test)
     data("imagefolder: file symlinks to images; a FIFO named notes", "imagefolder:{T}/filelinks",
-         "test_plain_folder_and_file_symlinks_still_load", expect="ok")
+         "test_plain_folder_and_file_symlinks_still_load", "--batch-size", "2", expect="ok")
+    data("a file given as imagefolder:DIR", "imagefolder:{T}/good.npz", "test_a_path_of_the_wrong_kind_is_named")
+    data("a file given as mnist:DIR", "mnist:{T}/good.npz", "test_a_path_of_the_wrong_kind_is_named")
 
     # ---- bad flags (the rows of "Bad input: refused in the parent")
     F = "tests/integration/test_faults.py::test_bad_input_is_refused_before_any_worker_starts"

@@ -301,3 +301,16 @@ def test_dangling_image_symlink_is_refused(folder):
     link = folder / "dog" / "gone.png"
     os.symlink("deleted.png", link)
     _folder_refused(folder, r"is a symlink to deleted.png, which cannot be read \(No such file", link)
+
+
+def test_a_path_of_the_wrong_kind_is_named(tmp_path):
+    """Was: 'npz: file T/D does not exist' for a folder that exists."""
+    npz = _npz(tmp_path, x=X, y=LABELS)
+    with pytest.raises(DDTrainError, match=rf"^npz: {tmp_path} is a folder, not a \.npz file$"):
+        load_dataset(f"npz:{tmp_path}")
+    with pytest.raises(DDTrainError, match=rf"^mnist: {npz} is a file, not the folder of MNIST's \.gz files$"):
+        load_dataset(f"mnist:{npz}")
+    with pytest.raises(DDTrainError, match=rf"^imagefolder: {npz} is a file, not a folder of class folders$"):
+        load_dataset(f"imagefolder:{npz}")
+    with pytest.raises(DDTrainError, match=r"^npz: file .*nowhere.npz does not exist$"):
+        load_dataset(f"npz:{tmp_path / 'nowhere.npz'}")

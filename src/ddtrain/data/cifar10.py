@@ -110,7 +110,8 @@ def read_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
 def _root(path: str) -> Path:
     root = Path(path)
     if not root.is_dir():
-        raise DDTrainError(f"cifar10: data directory {root} does not exist")
+        raise DDTrainError(f"cifar10: {root} is a file, not the folder of CIFAR-10's batches" if root.exists() else
+                           f"cifar10: data directory {root} does not exist")
     if not (root / "test_batch").exists() and (root / "cifar-10-batches-py").is_dir():
         root = root / "cifar-10-batches-py"
     return root

@@ -214,7 +214,8 @@ def load_imagefolder(path: str, *, size=224, split: str = "auto", augment=True, 
     _pillow()
     root = Path(path)
     if not root.is_dir():
-        raise DDTrainError(f"imagefolder: data directory {root} does not exist")
+        raise DDTrainError(f"imagefolder: {root} is a file, not a folder of class folders" if root.exists() else
+                           f"imagefolder: data directory {root} does not exist")
     if split == "auto":
         root = root / "train" if (root / "train").is_dir() else root
     else:

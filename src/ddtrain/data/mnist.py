@@ -57,7 +57,8 @@ def read_idx(path: Path, magic: int) -> np.ndarray:
 def load_mnist(path: str, *, split: str = "auto") -> ArrayDataset:
     root = Path(path)
     if not root.is_dir():
-        raise DDTrainError(f"mnist: data directory {root} does not exist")
+        raise DDTrainError(f"mnist: {root} is a file, not the folder of MNIST's .gz files" if root.exists() else
+                           f"mnist: data directory {root} does not exist")
     splits = ["train", "t10k"] if split == "auto" else [split]
     for s in splits:
         images, labels = _find(root, s, "images-idx3-ubyte"), _find(root, s, "labels-idx1-ubyte")

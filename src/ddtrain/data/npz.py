@@ -42,7 +42,8 @@ def load_npz(path: str, *, task: str = "auto", num_classes=None) -> ArrayDataset
         num_classes = int_option("num_classes", num_classes, minimum=2, fmt="npz")
     file = Path(path)
     if not file.is_file():
-        raise DDTrainError(f"npz: file {file} does not exist")
+        raise DDTrainError(f"npz: {file} is a folder, not a .npz file" if file.is_dir() else
+                           f"npz: file {file} does not exist")
     x, y = _read(file)
     check_samples(x, file, "x")
     check_samples(y, file, "y")

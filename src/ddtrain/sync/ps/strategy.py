@@ -208,6 +208,11 @@ def build_param_server(model, optimizer, options: SyncOptions, *, asynchronous: 
     serving already) adds the model instead (``add_worker_model``).
     """
     name = "ps-async" if asynchronous else "ps-sync"
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        # the servers run the optimizer: they need exactly one, over this model's parameters
+        raise DDTrainError(f"{name}: the parameter servers run the model's optimizer, so prepare() needs exactly one "
+                           f"torch.optim.Optimizer per model (got {type(optimizer).__name__}); prepare models with "
+                           "several optimizers one model at a time, or use one optimizer with several param groups")
     if _JOB:
         return add_worker_model(name, model, optimizer, options, asynchronous)
     world = dist.get_world_size()

@@ -254,3 +254,42 @@ def test_ps_async_counts_workers_follows_the_workers_lr_and_serves_two_models():
         assert out["frozen"], "the server applied its own learning rate instead of the workers' 0"
         assert out["d_moved"]
         assert out["worker_sum"] == 3.0
+
+
+CLIP = 0.05    # below the gradients' norm on every step here: the clip is active
+
+
+def clip_before_step(optimizer):
+    def clip(opt, _args, _kwargs):
+        torch.nn.utils.clip_grad_norm_([p for g in opt.param_groups for p in g["params"] if p.grad is not None], CLIP)
+    return optimizer.register_step_pre_hook(clip)
+
+
+def clipped(_unused: str) -> dict:
+    """ps-sync with the clip as a step pre-hook registered before prepare: the servers clip the workers' mean."""
+    import ddtrain
+    net, optimizer, _, _ = problem()
+    clip_before_step(optimizer)
+    try:
+        net, optimizer, _ = ddtrain.prepare(net, optimizer, strategy="ps-sync")
+    except SystemExit:
+        return {"role": "server"}
+    for step in range(STEPS):
+        net_step(net, optimizer, step, dist.get_rank())
+    out = {"role": "worker", "params": {k: v.detach().clone() for k, v in net.state_dict().items()}}
+    ddtrain.shutdown()
+    return out
+
+
+def test_a_clip_registered_as_a_step_pre_hook_clips_the_global_gradient_on_the_servers():
+    net, optimizer, _, _ = problem()
+    norms = []
+    for step in range(STEPS):
+        x, y, _ = batch(step, None)
+        F.mse_loss(net(x), y).backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(net.parameters(), CLIP)))
+        optimizer.step()
+        optimizer.zero_grad()
+    assert min(norms) > CLIP
+    for out in workers_of(run_ranks(clipped, 3, "", timeout_s=120)):
+        assert_same_parameters(net.state_dict(), out["params"])

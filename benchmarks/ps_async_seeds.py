@@ -2,11 +2,11 @@
 
     python3 benchmarks/ps_async_seeds.py                       # writes results/ps_async/seeds.json
     python3 benchmarks/ps_async_seeds.py --seeds 0 1 --out /tmp/seeds.json
+    python3 benchmarks/ps_async_seeds.py --variants "ps-async momentum" --out results/ps_async/momentum.json
 
 MLP on the bundled 8x8 digits, 2 workers + 1 server (``ddtrain train --nproc 3``), lr 0.1,
-batch 32, 4 epochs, momentum 0.9, staleness 4; ps-async with its default rule ("staleness":
-lr / (1 + staleness), momentum lowered by what asynchrony adds) and with ``--async-rule plain``,
-and ps-sync. Each run's final validation accuracy and ps-async's realised staleness histogram
+batch 32, 4 epochs, momentum 0.9, staleness 4; by default ps-sync, ps-async with its default
+rule and with ``--async-rule plain``; ``--variants`` picks others (each ``--async-rule``, VARIANTS). Each run's final validation accuracy and ps-async's realised staleness histogram
 go into one JSON file; a table goes to stdout.
 """
 from __future__ import annotations
@@ -22,8 +22,14 @@ import tempfile
 SETTINGS = ["--nproc", "3", "--model", "mlp", "--data", "digits", "--lr", "0.1", "--batch-size", "32",
             "--epochs", "4", "--momentum", "0.9", "--staleness", "4", "--quiet"]
 VARIANTS = {"ps-sync": ["--strategy", "ps-sync"],
-            "ps-async": ["--strategy", "ps-async"],                       # the default rule
+            "ps-async": ["--strategy", "ps-async"],                       # whatever the default rule is
+            # each rule named explicitly, so its file does not depend on the default (ALGORITHMS.md):
+            "ps-async lr-staleness": ["--strategy", "ps-async", "--async-rule", "lr-staleness"],  # (a) lr/(1+s)
+            "ps-async momentum": ["--strategy", "ps-async", "--async-rule", "momentum"],          # (b) momentum only
+            "ps-async lr-workers": ["--strategy", "ps-async", "--async-rule", "lr-workers"],      # (c) lr/M
+            "ps-async staleness": ["--strategy", "ps-async", "--async-rule", "staleness"],        # (d) lr/(1+s), mu - mu_i
             "ps-async plain": ["--strategy", "ps-async", "--async-rule", "plain"]}
+DEFAULT_VARIANTS = ["ps-sync", "ps-async", "ps-async plain"]
 
 
 def run(variant: str, seed: int) -> dict:
@@ -43,7 +49,7 @@ def run(variant: str, seed: int) -> dict:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--variants", nargs="+", default=DEFAULT_VARIANTS, choices=list(VARIANTS))
     parser.add_argument("--out", default="results/ps_async/seeds.json")
     args = parser.parse_args(argv)
     runs = [run(v, s) for v in args.variants for s in args.seeds]

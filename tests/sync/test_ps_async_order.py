@@ -2,7 +2,8 @@
 
 The server loop (``serve_async``) runs in this process with a scripted arrival order instead
 of a process group: two workers whose loss is 0.5 ||theta - t_w||^2 (gradient theta_w - t_w,
-theta_w the parameters the server last sent worker w), SGD lr 0.5 without momentum. The
+theta_w the parameters the server last sent worker w), SGD lr 0.5 (momentum 0.9 where a rule
+changes momentum). The
 expected parameters after every update are written out below, update by update, with each
 gradient's staleness; a server that ignored one worker's gradients (or applied one twice,
 or used fresh instead of stale parameters) gives other numbers.
@@ -63,9 +64,9 @@ class Scripted:
         return worker
 
 
-def serve(script, rule):
+def serve(script, rule, momentum=0.0):
     param = torch.nn.Parameter(torch.zeros(2))
-    optimizer = torch.optim.SGD([param], lr=LR)
+    optimizer = torch.optim.SGD([param], lr=LR, momentum=momentum)
     plan = Plan("ps-async", [0, 1], [2], [[param]], torch.float32, torch.device("cpu"), 10.0,
                 hyper=hyper_layout(optimizer.param_groups))
     core = RecordingCore(plan, optimizer, 0, Ledger(plan.operations()), SyncStats(), FailureNote("ps-async"))
@@ -118,3 +119,58 @@ def test_a_tight_bound_holds_the_fast_worker_back():
     v4 = v3 - LR * (v2 - t1)                  # worker 1 on v2, staleness 1
     for got, want in zip(core.after_update, [v1, v2, v3, v4]):
         assert torch.allclose(got, want), (got, want)
+
+
+def test_lr_workers_rule_divides_each_step_by_the_number_of_workers():
+    core = serve(SCRIPT, "lr-workers")
+    t0, t1 = TARGET[0], TARGET[1]
+    v0 = torch.zeros(2)
+    v1 = v0 - LR / 2 * (v0 - t0)              # 2 workers, whatever the staleness
+    v2 = v1 - LR / 2 * (v1 - t0)
+    v3 = v2 - LR / 2 * (v0 - t1)
+    v4 = v3 - LR / 2 * (v2 - t0)
+    v5 = v4 - LR / 2 * (v3 - t1)
+    for got, want in zip(core.after_update, [v1, v2, v3, v4, v5]):
+        assert torch.allclose(got, want), (got, want)
+
+
+def sgd_momentum(steps):
+    """torch.optim.SGD's momentum by hand: buf = g on the first step, then mu * buf + g; p -= lr_k * buf."""
+    p, buf, out = torch.zeros(2), None, []
+    for mu, lr_k, grad_of in steps:
+        g = grad_of(out)
+        buf = g.clone() if buf is None else mu * buf + g
+        p = p - lr_k * buf
+        out.append(p)
+    return out
+
+
+def test_momentum_rule_keeps_total_momentum_with_the_implicit_one():
+    """(1 - 0.9) = (1 - mu_e)(1 - mu_i), mu_i = m / (1 + m) for the mean staleness m so far."""
+    core = serve(SCRIPT, "momentum", momentum=0.9)
+    t0, t1 = TARGET[0], TARGET[1]
+    v0 = torch.zeros(2)
+    # staleness 0, 0, 2, 1, 1: mean so far 0, 0, 2/3, 3/4, 4/5 -> mu_i 0, 0, 2/5, 3/7, 4/9
+    mu_e = [0.9, 0.9, 1 - 0.1 / (1 - 2 / 5), 1 - 0.1 / (1 - 3 / 7), 1 - 0.1 / (1 - 4 / 9)]
+    grads = [lambda v: v0 - t0,               # worker 0 on v0
+             lambda v: v[0] - t0,             # worker 0 on v1
+             lambda v: v0 - t1,               # worker 1 on v0 (staleness 2)
+             lambda v: v[1] - t0,             # worker 0 on v2
+             lambda v: v[2] - t1]             # worker 1 on v3
+    want = sgd_momentum([(mu, LR, g) for mu, g in zip(mu_e, grads)])
+    assert len(core.after_update) == 5
+    for got, w in zip(core.after_update, want):
+        assert torch.allclose(got, w), (got, w)
+    assert core.optimizer.param_groups[0]["momentum"] == 0.9    # the worker's value stays
+
+
+def test_staleness_rule_with_momentum_subtracts_the_implicit_momentum():
+    core = serve(SCRIPT, "staleness", momentum=0.9)
+    t0, t1 = TARGET[0], TARGET[1]
+    v0 = torch.zeros(2)
+    mu = [0.9, 0.9, 0.9 - 2 / 5, 0.9 - 3 / 7, 0.9 - 4 / 9]
+    lrs = [LR, LR, LR / 3, LR / 2, LR / 2]
+    grads = [lambda v: v0 - t0, lambda v: v[0] - t0, lambda v: v0 - t1, lambda v: v[1] - t0, lambda v: v[2] - t1]
+    want = sgd_momentum(list(zip(mu, lrs, grads)))
+    for got, w in zip(core.after_update, want):
+        assert torch.allclose(got, w), (got, w)

@@ -16,6 +16,8 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddtrain.dist import runtime
 
+ASYNC_RULES = ("staleness", "lr-staleness", "momentum", "lr-workers", "plain")   # SyncOptions.async_rule's Literal
+
 
 @dataclass(kw_only=True)
 class SyncOptions:
@@ -24,7 +26,7 @@ class SyncOptions:
     sync_every: int | str = 1        # hybrid / local-sgd: steps between parameter syncs, or "epoch"
     servers: int = 1                 # ps-*: how many ranks hold parameters
     staleness: int = 4               # ps-async: most versions a gradient may lag
-    async_rule: Literal["staleness", "plain"] = "staleness"  # ps-async: 'staleness' divides each update's lr by 1 + its staleness and lowers momentum by what asynchrony adds (docs/ALGORITHMS.md); 'plain' applies gradients as they come
+    async_rule: Literal["staleness", "lr-staleness", "momentum", "lr-workers", "plain"] = "staleness"  # ps-async: how each update's lr/momentum are corrected for asynchrony (docs/ALGORITHMS.md); 'plain' applies gradients as they come
     bucket_cap_mb: float = 25.0      # DDP gradient bucket size (MB)
     find_unused_parameters: bool = False   # DDP: allow parameters that get no gradient on some steps (branches, unused heads)
     static_graph: bool = False             # DDP: the set of used parameters never changes between steps
@@ -46,8 +48,8 @@ class SyncOptions:
             raise ValueError(f"servers must be at least 1, got {self.servers}")
         if self.staleness < 0:
             raise ValueError(f"staleness must be >= 0, got {self.staleness}")
-        if self.async_rule not in ("staleness", "plain"):
-            raise ValueError(f"async_rule must be 'staleness' or 'plain', got {self.async_rule!r}")
+        if self.async_rule not in ASYNC_RULES:
+            raise ValueError(f"async_rule must be one of {', '.join(ASYNC_RULES)}, got {self.async_rule!r}")
         if self.bucket_cap_mb <= 0:
             raise ValueError(f"bucket_cap_mb must be positive, got {self.bucket_cap_mb}")
         if self.check_every < 0:

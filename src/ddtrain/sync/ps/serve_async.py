@@ -196,8 +196,8 @@ def serve_async(core: ServerCore, bound: int, rule: str = "staleness", on_add=No
             staleness[lag] += 1
             maybe_inject(core.version, core.rank)
             mean = sum(k * n for k, n in staleness.items()) / sum(staleness.values())
-            core.apply_(core.inbox[w].payload, core.inbox[w], staleness=lag if rule == "staleness" else None,
-                        mean_staleness=mean)
+            core.apply_(core.inbox[w].payload, core.inbox[w], staleness=None if rule == "plain" else lag,
+                        mean_staleness=mean, rule=rule)
             del received[w], outstanding[w]
             answer.append((w, ""))
         with core.ledger.timed():

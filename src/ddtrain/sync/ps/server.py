@@ -37,21 +37,27 @@ def chunks(nbytes: int, message) -> int:
     return -(-nbytes // room) if nbytes else 0
 
 
-def staleness_rule(hyper_groups, staleness: int, mean_staleness: float) -> None:
-    """ps-async's default correction of one update's hyper-parameters, in place (docs/ALGORITHMS.md).
+def staleness_rule(hyper_groups, staleness: int, mean_staleness: float, rule: str = "staleness", workers: int = 1) -> None:
+    """ps-async's correction of one update's hyper-parameters for asynchrony, in place (docs/ALGORITHMS.md).
 
-    Step size divided by ``1 + staleness`` (Zhang et al. 2016: a gradient computed ``s``
-    versions ago gets ``lr / (1 + s)``), and explicit momentum lowered by the momentum that
-    asynchrony adds (Mitliagkas et al. 2016: updates whose staleness averages ``m`` behave as if
-    momentum ``m / (1 + m)`` were added, ``1 - 1/M`` for M workers in turn): ``mu - m / (1 + m)``,
-    at least 0. Subtracting was measured better than keeping ``(1 - mu)`` fixed (ALGORITHMS.md).
+    ``rule`` (``--async-rule``): "lr-staleness" divides lr by ``1 + staleness`` (Zhang et al.
+    2016); "lr-workers" divides it by the number of workers; "momentum" lowers explicit momentum
+    so that with the implicit momentum asynchrony adds, ``mu_i = m / (1 + m)`` for a mean
+    staleness ``m`` (Mitliagkas et al. 2016; ``1 - 1/M`` for M workers in turn), the total stays
+    the user's: ``(1 - mu) = (1 - mu_e)(1 - mu_i)``, ``mu_e`` at least 0; "staleness" does the
+    first and lowers momentum by subtraction, ``mu - mu_i``.
     """
     implicit = mean_staleness / (1.0 + mean_staleness)
     for group in hyper_groups:
-        if "lr" in group:
+        if "lr" in group and rule in ("staleness", "lr-staleness"):
             group["lr"] = group["lr"] / (1.0 + staleness)
-        if isinstance(group.get("momentum"), float) and group["momentum"] > 0:
-            group["momentum"] = max(0.0, group["momentum"] - implicit)
+        elif "lr" in group and rule == "lr-workers":
+            group["lr"] = group["lr"] / workers
+        mu = group.get("momentum")
+        if isinstance(mu, float) and mu > 0 and rule == "staleness":
+            group["momentum"] = max(0.0, mu - implicit)
+        elif isinstance(mu, float) and mu > 0 and rule == "momentum":
+            group["momentum"] = max(0.0, 1.0 - (1.0 - mu) / (1.0 - implicit))
 
 
 class ServerCore:
@@ -73,13 +79,13 @@ class ServerCore:
 
     @torch.no_grad()
     def apply_(self, grads: torch.Tensor, message=None, staleness: int | None = None, mean_staleness: float = 0.0,
-               has_grad=None) -> None:
+               has_grad=None, rule: str = "staleness") -> None:
         """One optimizer step of this server's parameters with the flat gradient ``grads``.
 
         ``message`` (the worker's GRAD, or the first of a ps-sync round) brings the worker's
         current hyper-parameters; ``has_grad`` says which parameters have a gradient (the others
         get ``grad = None`` and torch's optimizers skip them, as in one process). ``staleness``
-        (ps-async with the correction on): apply ``staleness_rule`` to this update.
+        (ps-async with a correction on): apply ``staleness_rule`` with ``rule`` to this update.
         """
         hyper = self.plan.hyper
         groups = self.optimizer.param_groups
@@ -90,7 +96,7 @@ class ServerCore:
         saved = None
         if staleness is not None:
             saved = [{k: g[k] for k in ("lr", "momentum") if k in g} for g in groups]
-            staleness_rule(groups, staleness, mean_staleness)
+            staleness_rule(groups, staleness, mean_staleness, rule, len(self.plan.workers))
         offset = 0
         for i, p in enumerate(self.params):
             if has_grad is None or has_grad[i]:

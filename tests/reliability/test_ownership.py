@@ -23,8 +23,11 @@ ENV = {"OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src")}
 
 def _env(**extra):
     env = {**os.environ, **ENV, **extra}
-    for name in ("RANK", "WORLD_SIZE", ownership.RUN_ID_ENV):
+    for name in ("RANK", "WORLD_SIZE"):
         env.pop(name, None)
+    # empty, not absent: helpers.ddtrain merges os.environ back in, and an in-process fit of an
+    # earlier test set this process's run id; every command here is a run of its own
+    env[ownership.RUN_ID_ENV] = ""
     return env
 
 

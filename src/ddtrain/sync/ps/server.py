@@ -37,26 +37,35 @@ def chunks(nbytes: int, message) -> int:
     return -(-nbytes // room) if nbytes else 0
 
 
+# --async-rule -> (how lr is divided, how explicit momentum is lowered); docs/ALGORITHMS.md has each one's measurement
+ASYNC_RULE_PARTS = {"staleness": ("staleness", "subtract"),
+                    "lr-staleness": ("staleness", None),
+                    "momentum": (None, "keep-total"),
+                    "lr-workers": ("workers", None),
+                    "lr-staleness-momentum": ("staleness", "keep-total"),
+                    "lr-workers-momentum": ("workers", "keep-total")}
+
+
 def staleness_rule(hyper_groups, staleness: int, mean_staleness: float, rule: str = "staleness", workers: int = 1) -> None:
     """ps-async's correction of one update's hyper-parameters for asynchrony, in place (docs/ALGORITHMS.md).
 
-    ``rule`` (``--async-rule``): "lr-staleness" divides lr by ``1 + staleness`` (Zhang et al.
-    2016); "lr-workers" divides it by the number of workers; "momentum" lowers explicit momentum
-    so that with the implicit momentum asynchrony adds, ``mu_i = m / (1 + m)`` for a mean
-    staleness ``m`` (Mitliagkas et al. 2016; ``1 - 1/M`` for M workers in turn), the total stays
-    the user's: ``(1 - mu) = (1 - mu_e)(1 - mu_i)``, ``mu_e`` at least 0; "staleness" does the
-    first and lowers momentum by subtraction, ``mu - mu_i``.
+    ``rule`` (``--async-rule``, ``ASYNC_RULE_PARTS``): lr divided by ``1 + staleness`` (Zhang et
+    al. 2016) or by the number of workers, and/or explicit momentum lowered for the implicit
+    momentum asynchrony adds, ``mu_i = m / (1 + m)`` for a mean staleness ``m`` (Mitliagkas et
+    al. 2016; ``1 - 1/M`` for M workers in turn): "keep-total" so that ``(1 - mu) = (1 - mu_e)(1 -
+    mu_i)``, "subtract" ``mu_e = mu - mu_i``; ``mu_e`` at least 0.
     """
+    lr_part, mu_part = ASYNC_RULE_PARTS[rule]
     implicit = mean_staleness / (1.0 + mean_staleness)
     for group in hyper_groups:
-        if "lr" in group and rule in ("staleness", "lr-staleness"):
+        if "lr" in group and lr_part == "staleness":
             group["lr"] = group["lr"] / (1.0 + staleness)
-        elif "lr" in group and rule == "lr-workers":
+        elif "lr" in group and lr_part == "workers":
             group["lr"] = group["lr"] / workers
         mu = group.get("momentum")
-        if isinstance(mu, float) and mu > 0 and rule == "staleness":
+        if isinstance(mu, float) and mu > 0 and mu_part == "subtract":
             group["momentum"] = max(0.0, mu - implicit)
-        elif isinstance(mu, float) and mu > 0 and rule == "momentum":
+        elif isinstance(mu, float) and mu > 0 and mu_part == "keep-total":
             group["momentum"] = max(0.0, 1.0 - (1.0 - mu) / (1.0 - implicit))
 
 

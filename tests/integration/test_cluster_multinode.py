@@ -87,8 +87,7 @@ def test_ddtrain_train_nnodes_2_trains_like_nproc_4_on_one(reference, tmp_path):
     with emulated_cluster(2, "1gbit") as cluster:
         _on_every_node(cluster, lambda node: [
             sys.executable, "-m", "ddtrain", *TRAIN, "--nproc", "2", "--nnodes", "2", "--node-rank", str(node.index),
-            "--rdzv-endpoint", ENDPOINT, "--save", str(tmp_path / "model.pt"), "--out", str(tmp_path / "run.json")],
-                                 tmp_path)
+            "--rdzv-endpoint", ENDPOINT, "--save", str(tmp_path / "model.pt"), "--out", str(tmp_path / "run.json")])
     assert json.loads((tmp_path / "run.json").read_text())["world_size"] == 4
     assert_same_parameters(reference, torch.load(tmp_path / "model.pt"), rtol=1e-6)
 

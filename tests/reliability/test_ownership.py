@@ -41,6 +41,7 @@ def _holder(directory, role, run_id):
     return proc
 
 
+@pytest.mark.slow  # real training runs (2 workers, a run in progress; 4 runs)
 def test_a_second_run_on_a_directory_in_use_is_refused_naming_the_owner(tmp_path):
     """Was: both runs accepted, overwriting each other's checkpoints (both exit 0)."""
     ck = tmp_path / "ck"
@@ -112,6 +113,7 @@ def test_the_lock_of_a_dead_run_is_taken_over(tmp_path):
     assert owner["run_id"] != "crashed-run" and owner["released"]
 
 
+@pytest.mark.slow  # real training runs (2 workers, a run in progress; 4 runs)
 def test_every_checkpoint_names_its_run_and_a_foreign_lineage_needs_resume_any(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     for folder in (a, b):

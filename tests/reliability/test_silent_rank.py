@@ -8,9 +8,12 @@ import sys
 import threading
 import time
 
+import pytest
+
 from helpers import REPO
 
 
+@pytest.mark.slow  # a 3-worker job stopped and resumed: about 20 s
 def test_a_stopped_rank_is_named_while_the_job_waits():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src"), "DDTRAIN_SILENT_S": "3"}
     for name in ("RANK", "WORLD_SIZE", "DDTRAIN_RUN_ID"):

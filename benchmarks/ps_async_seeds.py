@@ -26,6 +26,7 @@ VARIANTS = {"ps-sync": ["--strategy", "ps-sync"],
             # each rule named explicitly, so its file does not depend on the default (ALGORITHMS.md):
             "ps-async lr-staleness": ["--strategy", "ps-async", "--async-rule", "lr-staleness"],  # (a) lr/(1+s)
             "ps-async momentum": ["--strategy", "ps-async", "--async-rule", "momentum"],          # (b) momentum only
+            "ps-async momentum-subtract": ["--strategy", "ps-async", "--async-rule", "momentum-subtract"],  # (b'') mu - mu_i only
             "ps-async lr-workers": ["--strategy", "ps-async", "--async-rule", "lr-workers"],      # (c) lr/M
             "ps-async staleness": ["--strategy", "ps-async", "--async-rule", "staleness"],        # (d) lr/(1+s), mu - mu_i
             "ps-async lr-staleness-momentum": ["--strategy", "ps-async", "--async-rule", "lr-staleness-momentum"],  # (a)+(b)

@@ -41,6 +41,7 @@ def chunks(nbytes: int, message) -> int:
 ASYNC_RULE_PARTS = {"staleness": ("staleness", "subtract"),
                     "lr-staleness": ("staleness", None),
                     "momentum": (None, "keep-total"),
+                    "momentum-subtract": (None, "subtract"),
                     "lr-workers": ("workers", None),
                     "lr-staleness-momentum": ("staleness", "keep-total"),
                     "lr-workers-momentum": ("workers", "keep-total")}

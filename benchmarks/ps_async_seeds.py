@@ -31,6 +31,7 @@ VARIANTS = {"ps-sync": ["--strategy", "ps-sync"],
             "ps-async staleness": ["--strategy", "ps-async", "--async-rule", "staleness"],        # (d) lr/(1+s), mu - mu_i
             "ps-async lr-staleness-momentum": ["--strategy", "ps-async", "--async-rule", "lr-staleness-momentum"],  # (a)+(b)
             "ps-async lr-workers-momentum": ["--strategy", "ps-async", "--async-rule", "lr-workers-momentum"],      # (c)+(b)
+            "ps-async lr-staleness-no-momentum": ["--strategy", "ps-async", "--async-rule", "lr-staleness-no-momentum"],
             "ps-async plain": ["--strategy", "ps-async", "--async-rule", "plain"]}
 DEFAULT_VARIANTS = ["ps-sync", "ps-async", "ps-async plain"]
 

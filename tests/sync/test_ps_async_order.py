@@ -8,6 +8,7 @@ expected parameters after every update are written out below, update by update, 
 gradient's staleness; a server that ignored one worker's gradients (or applied one twice,
 or used fresh instead of stale parameters) gives other numbers.
 """
+import pytest
 import torch
 
 from ddtrain.sync.accounting import Ledger
@@ -94,8 +95,9 @@ def test_plain_rule_applies_every_stale_gradient_as_it_arrives():
     assert core.stats.extra["staleness_histogram"] == {"0": 2, "1": 2, "2": 1}
 
 
-def test_staleness_rule_divides_each_step_by_one_plus_its_staleness():
-    core = serve(SCRIPT, "staleness")
+@pytest.mark.parametrize("rule", ["staleness", "lr-staleness", "lr-staleness-momentum"])
+def test_staleness_rule_divides_each_step_by_one_plus_its_staleness(rule):
+    core = serve(SCRIPT, rule)                # without momentum, the momentum part changes nothing
     t0, t1 = TARGET[0], TARGET[1]
     v0 = torch.zeros(2)
     v1 = v0 - LR / 1 * (v0 - t0)              # staleness 0

@@ -44,7 +44,8 @@ ASYNC_RULE_PARTS = {"staleness": ("staleness", "subtract"),
                     "momentum-subtract": (None, "subtract"),
                     "lr-workers": ("workers", None),
                     "lr-staleness-momentum": ("staleness", "keep-total"),
-                    "lr-workers-momentum": ("workers", "keep-total")}
+                    "lr-workers-momentum": ("workers", "keep-total"),
+                    "lr-staleness-no-momentum": ("staleness", "zero")}
 
 
 def staleness_rule(hyper_groups, staleness: int, mean_staleness: float, rule: str = "staleness", workers: int = 1) -> None:
@@ -54,7 +55,7 @@ def staleness_rule(hyper_groups, staleness: int, mean_staleness: float, rule: st
     al. 2016) or by the number of workers, and/or explicit momentum lowered for the implicit
     momentum asynchrony adds, ``mu_i = m / (1 + m)`` for a mean staleness ``m`` (Mitliagkas et
     al. 2016; ``1 - 1/M`` for M workers in turn): "keep-total" so that ``(1 - mu) = (1 - mu_e)(1 -
-    mu_i)``, "subtract" ``mu_e = mu - mu_i``; ``mu_e`` at least 0.
+    mu_i)``, "subtract" ``mu_e = mu - mu_i``, "zero" none; ``mu_e`` at least 0.
     """
     lr_part, mu_part = ASYNC_RULE_PARTS[rule]
     implicit = mean_staleness / (1.0 + mean_staleness)
@@ -68,6 +69,8 @@ def staleness_rule(hyper_groups, staleness: int, mean_staleness: float, rule: st
             group["momentum"] = max(0.0, mu - implicit)
         elif isinstance(mu, float) and mu > 0 and mu_part == "keep-total":
             group["momentum"] = max(0.0, 1.0 - (1.0 - mu) / (1.0 - implicit))
+        elif isinstance(mu, float) and mu > 0 and mu_part == "zero":
+            group["momentum"] = 0.0
 
 
 class ServerCore:

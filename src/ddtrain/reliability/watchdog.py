@@ -22,6 +22,7 @@ import time
 import torch.distributed as dist
 
 from ddtrain.dist import runtime
+from ddtrain.dist.launch import PEER_STOPPED_EXIT
 from ddtrain.dist.runtime import watchdog_wanted as wanted  # noqa: F401  (the switch lives with the timeout it pads)
 from ddtrain.reliability import stall
 
@@ -56,16 +57,22 @@ class ProgressWatchdog:
 
     def _fire(self, step, op) -> None:
         notes = stall.missing_peers(self.rank, self.ranks, stale_s=max(5.0, 5 * self.period_s))
+        if len(notes) > (len(self.ranks) - 1) / 2:
+            # Most ranks are elsewhere: this one is likely the odd one out (the rank that skipped),
+            # and its report would blame the many. Let a rank of the majority speak first.
+            time.sleep(3 * self.period_s)
         waiting = ("; waiting for " + ", ".join(notes)) if notes else \
             "; every rank reports the same step and operation, so one of them is stuck inside it"
         message = (f"stalled at step {step} in {op} ({self.what}): no progress within the "
                    f"{self.deadline_s:g} s deadline{waiting}")
+        code = PEER_STOPPED_EXIT  # the launcher names the rank that reported, not one that stopped for it
         if _first_to_report():  # one line for the job, not one per waiting rank
             sys.stderr.write(f"[rank {self.rank}] ddtrain: error: {message}\n")
             sys.stderr.flush()
+            code = self.exit_code
         # A thread cannot interrupt a training thread blocked in a CUDA synchronisation or a NCCL
         # wait: ending the process is the only exit that beats NCCL's abort.
-        os._exit(self.exit_code)
+        os._exit(code)
 
 
 def _first_to_report() -> bool:

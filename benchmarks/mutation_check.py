@@ -79,8 +79,8 @@ MUTATIONS = [
              "src/ddtrain/sync/ps/serve_sync.py", "        for w in active[1:]:",
              "        for w in active[2:]:", [SYNC_EQ + "[3]"]),
     Mutation("optimizer-state-not-restored", "resume loads the model but not the optimizer (momentum lost)",
-             "src/ddtrain/reliability/checkpoint.py",
-             '        self.optimizer.load_state_dict(state["optimizer"])\n', "", [RESUME]),
+             "src/ddtrain/reliability/checkpoint.py", 'self.optimizer.load_state_dict(state["optimizer"])',
+             "pass  # the optimizer's state is not restored", [RESUME]),
     Mutation("rng-not-restored", "resume does not restore the RNG state after the skipped batches (dropout differs)",
              "src/ddtrain/reliability/checkpoint.py",
              '        set_rng_state(part["rng"])\n        return it\n', "        return it\n", [RESUME]),
@@ -203,8 +203,10 @@ def table(rows: list[dict]) -> str:
         caught = {"caught": "yes", "survived": "NO", "pending": "pending"}.get(r["outcome"], r["outcome"])
         out.append(f"  {r['name']:<38}{r['audit']:<10}{len(r['tests']):>5}  {caught:<8}{r['seconds']:>8.1f}")
     counted = [r for r in rows if r["outcome"] in ("caught", "survived")]
+    errors = [r for r in rows if r["outcome"] == "error"]
     out.append(f"# caught {sum(r['outcome'] == 'caught' for r in rows)} of {len(counted)} run; "
-               f"{len(rows) - len(counted)} not run (pending or not applicable)")
+               f"{len(errors)} ended in an error (not a catch); "
+               f"{len(rows) - len(counted) - len(errors)} not run (pending, or the patch does not apply)")
     return "\n".join(out)
 
 

@@ -4,6 +4,7 @@
 milliseconds what would make it silently useless: a snippet that no longer occurs exactly once
 (the patched line moved or changed) or a test file that was renamed.
 """
+import ast
 import importlib.util
 import sys
 
@@ -29,5 +30,6 @@ def test_each_patch_applies_once_and_its_tests_exist(mutation):
     assert text.count(mutation.old) == 1, (f"{mutation.name}: the snippet occurs {text.count(mutation.old)} times in "
                                            f"{mutation.file}; update it in benchmarks/mutation_check.py")
     assert mutation.new != mutation.old
+    ast.parse(text.replace(mutation.old, mutation.new))   # the mutant still compiles: a catch must be a test's
     for test in mutation.tests:
         assert (REPO / test.split("::")[0]).is_file(), f"{mutation.name}: {test} does not exist"

@@ -176,3 +176,21 @@ def test_staleness_rule_with_momentum_subtracts_the_implicit_momentum():
     want = sgd_momentum(list(zip(mu, lrs, grads)))
     for got, w in zip(core.after_update, want):
         assert torch.allclose(got, w), (got, w)
+
+
+def test_dc_rule_compensates_each_stale_gradient_by_hand():
+    """DC-ASGD-a: g + 2 / sqrt(ms) * g * g * (w_now - w_stale), ms = 0.95 ms + 0.05 g * g; then lr / 2 (2 workers)."""
+    core = serve(SCRIPT, "dc-lr-workers")
+    t0, t1 = TARGET[0], TARGET[1]
+    given = [torch.zeros(2)]                  # parameters after each version: given[v]
+    ms = torch.zeros(2)
+    # (worker's target, version its gradient was computed on), in SCRIPT's order of application
+    for target, version in [(t0, 0), (t0, 1), (t1, 0), (t0, 2), (t1, 3)]:
+        now, stale = given[-1], given[version]
+        g = stale - target
+        ms = 0.95 * ms + 0.05 * g * g
+        g = g + g * g * (now - stale) * 2.0 / (ms.sqrt() + 1e-8)
+        given.append(now - LR / 2 * g)
+    assert len(core.after_update) == 5
+    for got, want in zip(core.after_update, given[1:]):
+        assert torch.allclose(got, want), (got, want)

@@ -19,17 +19,22 @@ import datetime
 import time
 from collections import Counter
 
+import torch
 import torch.distributed as dist
 
 from ddtrain.comm import traffic
 from ddtrain.comm.p2p import CommError, wait
 from ddtrain.errors import DDTrainError
 from ddtrain.reliability.faults import maybe_inject
-from ddtrain.sync.ps.server import ServerCore
+from ddtrain.sync.ps.server import ServerCore, delay_compensate_
 from ddtrain.sync.ps.protocol import (ADD, ASIDE, CONTROL_SUFFIX, FINAL, GRAD, HELLO, PARAMS, PAUSE, STOP, STOP_SUFFIX,
                                      reattribute)
 
 MIN_SLEEP_S, MAX_SLEEP_S = 50e-6, 2e-3     # NCCL polling: idle sleeps from 50 us, doubling up to 2 ms
+
+
+def flat(params) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in params])
 
 
 def feasible(outstanding: dict, worker: int, version: int, bound: int) -> bool:
@@ -124,6 +129,8 @@ def serve_async(core: ServerCore, bound: int, rule: str = "staleness", on_add=No
     answer: list[tuple[int, str]] = [] # (worker, traffic suffix) waiting for parameters, first come first served
     stopped: list[int] = []
     staleness = Counter()
+    snapshots: dict[int, torch.Tensor] = {}   # version -> this shard's flat parameters (rules dc-*: DC-ASGD)
+    mean_square = None
     start = time.monotonic()
     if not arrivals.anysource:
         for w in sorted(active):
@@ -196,9 +203,16 @@ def serve_async(core: ServerCore, bound: int, rule: str = "staleness", on_add=No
             staleness[lag] += 1
             maybe_inject(core.version, core.rank)
             mean = sum(k * n for k, n in staleness.items()) / sum(staleness.values())
+            if rule.startswith("dc-"):
+                now = flat(core.params)
+                if mean_square is None:
+                    mean_square = torch.zeros_like(now)
+                delay_compensate_(core.inbox[w].payload, now, snapshots[received[w]], mean_square)
             core.apply_(core.inbox[w].payload, core.inbox[w], staleness=None if rule == "plain" else lag,
                         mean_staleness=mean, rule=rule)
             del received[w], outstanding[w]
+            for v in set(snapshots) - set(outstanding.values()):
+                del snapshots[v]
             answer.append((w, ""))
         with core.ledger.timed():
             while answer and len(outstanding) <= bound:
@@ -208,6 +222,8 @@ def serve_async(core: ServerCore, bound: int, rule: str = "staleness", on_add=No
                 # stream, waiting for a message the worker sends only after these parameters.
                 arrivals.expect(w)
                 outstanding[w] = core.version
+                if rule.startswith("dc-") and core.version not in snapshots:
+                    snapshots[core.version] = flat(core.params)
                 expected_since[w] = time.monotonic()
     extra = core.stats.extra
     extra["updates"] = core.version

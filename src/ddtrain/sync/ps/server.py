@@ -45,7 +45,16 @@ ASYNC_RULE_PARTS = {"staleness": ("staleness", "subtract"),
                     "lr-workers": ("workers", None),
                     "lr-staleness-momentum": ("staleness", "keep-total"),
                     "lr-workers-momentum": ("workers", "keep-total"),
-                    "lr-staleness-no-momentum": ("staleness", "zero")}
+                    "lr-staleness-no-momentum": ("staleness", "zero"),
+                    "dc-staleness": ("staleness", "subtract"),
+                    "dc-lr-workers": ("workers", None)}
+DC_LAMBDA, DC_DECAY = 2.0, 0.95    # DC-ASGD-a's lambda_0 and mean-square decay (Zheng et al. 2017, their CIFAR-10 values)
+
+
+def delay_compensate_(grads, now, stale, mean_square) -> None:
+    """DC-ASGD-a, in place: ``g + lambda_0 / sqrt(ms) * g * g * (w_now - w_stale)`` (``g * g`` approximates the Hessian's diagonal)."""
+    mean_square.mul_(DC_DECAY).addcmul_(grads, grads, value=1 - DC_DECAY)
+    grads.add_(grads * grads * (now - stale) * DC_LAMBDA / (mean_square.sqrt() + 1e-8))
 
 
 def staleness_rule(hyper_groups, staleness: int, mean_staleness: float, rule: str = "staleness", workers: int = 1) -> None:

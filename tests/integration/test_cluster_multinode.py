@@ -149,3 +149,20 @@ def test_doctor_at_the_start_of_a_multi_node_train_refuses_naming_node_and_field
     assert all(p.returncode != 0 for p in procs)
     text = "".join(out + err for out, err in outputs)
     assert "the nodes of this job differ: python differs on node 1 (rank 1): 3.0.1 vs" in text, text
+
+
+def test_killed_rank_of_2_node_train_restarts_and_finishes_like_an_uninterrupted_run(reference, tmp_path):
+    # Rank 3 is SIGKILLed at step 5 (DDTRAIN_FAULT, the first attempt only); checkpoints every 2 steps in a
+    # directory both nodes see. torchrun counts the restart on the failed rank's node only: before the ranks
+    # agreed on the attempt, the restarted ranks waited on keys of different attempts until the deadline.
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in _env()  # nothing set by the user: ddtrain sets it
+    with emulated_cluster(2, "1gbit") as cluster:
+        outputs = _on_every_node(cluster, lambda node: [
+            sys.executable, "-m", "ddtrain", *TRAIN, "--nproc", "2", "--nnodes", "2", "--node-rank", str(node.index),
+            "--rdzv-endpoint", ENDPOINT, "--max-restarts", "1", "--checkpoint-every", "2",
+            "--checkpoint-dir", str(tmp_path / "ck"), "--save", str(tmp_path / "model.pt")],
+            timeout=240, DDTRAIN_FAULT="rank=3,step=5,kind=kill", DDTRAIN_LOG_DIR=str(tmp_path))
+    text = "".join(out + err for out, err in outputs)
+    assert "was killed by SIGKILL; restarting all workers (restart 1 of 1)" in text, text
+    assert "restart 1: resumed from " in text and "ckpt-00000004.pt at step 4" in text, text
+    assert_same_parameters(reference, torch.load(tmp_path / "model.pt"), rtol=1e-6)

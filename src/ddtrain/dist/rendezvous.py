@@ -145,12 +145,19 @@ def _join(env, host, port, where, limit, timeout_s, deadline):
                        f"{_deadline_words(timeout_s)}: {what}{stale_hint(env)}")
 
 
+RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+
+
 def _check_in(store, env, timeout_s, deadline, where):
-    """Every rank sets its key, then waits for all of them; at the deadline the missing ranks are named."""
-    prefix = f"ddtrain/rendezvous/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/"
-    keys = [f"{prefix}{r}" for r in range(env.world_size)]
+    """Every rank sets its key, then waits for all of them; at the deadline the missing ranks are named.
+
+    The keys carry no attempt number: the store is this attempt's own (a fresh one per restart, or
+    the agent's behind a per-attempt prefix). Each rank checks in with its TORCHELASTIC_RESTART_COUNT,
+    and every rank then takes the largest (``_agree_attempt``).
+    """
+    keys = [f"ddtrain/rendezvous/{r}" for r in range(env.world_size)]
     try:
-        store.set(keys[env.rank], str(os.getpid()))
+        store.set(keys[env.rank], os.environ.get(RESTART_COUNT, "0"))
         while not store.check(keys):
             if time.monotonic() >= deadline:
                 missing = [r for r, key in enumerate(keys) if not store.check([key])]
@@ -161,8 +168,22 @@ def _check_in(store, env, timeout_s, deadline, where):
                                    f"never joined the rendezvous on {where} within "
                                    f"{_deadline_words(timeout_s)}{stale_hint(env)}")
             time.sleep(POLL_S)
+        _agree_attempt([store.get(key).decode() for key in keys])
     except DDTrainError:
         raise
     except Exception as exc:  # the store's host went away while we waited
         raise DDTrainError(f"lost the rendezvous on {where} while the ranks gathered "
                            f"(its host, rank 0 or torchrun's agent, has stopped?): {_first_line(exc)}") from None
+
+
+def _agree_attempt(counts: list[str]) -> None:
+    """Every rank of a restarted multi-node job takes the same attempt number: the largest.
+
+    torchrun counts restarts per node: the agent whose worker failed counts one, while an agent
+    that restarts its healthy workers because another node re-joined counts none. Left as they
+    are, the ranks of one attempt would wait on keys of different attempts (here, in the doctor,
+    the stall and watchdog keys) and a restarted node would fire its DDTRAIN_FAULT again.
+    """
+    attempt = max((int(c) for c in counts if c.strip().isdigit()), default=0)
+    if attempt > int(os.environ.get(RESTART_COUNT, "0") or 0):
+        os.environ[RESTART_COUNT] = str(attempt)

@@ -49,7 +49,7 @@ def main(argv=None):
     p.add_argument("--momentum", type=float, default=0.5)
     p.add_argument("--strategy", default="ddp")
     args = p.parse_args(argv)
-    ddtrain.init()
+    ddtrain.init(strategy=args.strategy)   # world_size() below counts workers (parameter servers excluded)
     torch.manual_seed(args.seed)
     train_dataset, test_dataset = digits(args.train_samples, args.test_samples)
     train_loader = DataLoader(train_dataset, batch_size=args.batch_size, shuffle=True)

@@ -18,11 +18,12 @@ _PUBLIC = {
     "Callback": "ddtrain.training.callbacks",
     "fit": "ddtrain.training.loop",
     "prepare": "ddtrain.training.prepare",
+    "init": "ddtrain.training.prepare",   # runtime.init, plus the roles a parameter-server strategy named there gives
     "prepare_loader": "ddtrain.training.prepare",
     "unwrap": "ddtrain.training.prepare",
     "all_reduce_metric": "ddtrain.training.metrics",
     "gather_for_metrics": "ddtrain.training.metrics",
-    **{name: "ddtrain.dist.runtime" for name in ("backend", "device", "init", "is_distributed", "is_server",
+    **{name: "ddtrain.dist.runtime" for name in ("backend", "device", "is_distributed", "is_server",
                                                  "local_rank", "local_world_size", "print0", "rank", "shutdown",
                                                  "total_ranks", "worker_group", "world_size")},
 }

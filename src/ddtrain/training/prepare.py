@@ -36,6 +36,26 @@ STRATEGY_ENV = "DDTRAIN_STRATEGY"   # the default strategy (ddtrain run --strate
 __all__ = ["prepare", "prepare_loader", "unwrap"]
 
 
+def init(*, strategy: str | None = None, servers: int = 1, **kwargs):
+    """``ddtrain.init``: join the launcher's job (``dist.runtime.init``'s arguments pass through).
+
+    A parameter-server strategy named here (or by ``DDTRAIN_STRATEGY``, which ``ddtrain run
+    --strategy`` sets) makes ``ddtrain.world_size()``/``rank()`` count workers from this call on,
+    as Horovod-style scripts need before they build their optimizer (``lr * world_size()``):
+    the last ``servers`` ranks will be the servers. ``prepare`` confirms it and adds the
+    workers' process group (``ddtrain.worker_group()`` is None until then).
+    """
+    env = runtime.init(**kwargs)
+    name = strategy or os.environ.get("DDTRAIN_STRATEGY")
+    total = runtime.total_ranks()
+    if name and total > 1 and strategy_spec(name).uses_servers:
+        if not 1 <= servers < total:
+            raise DDTrainError(f"init(servers={servers}): a job of {total} ranks needs between 1 and {total - 1} "
+                               "parameter servers (at least one rank must train)")
+        runtime.set_roles(list(range(total - servers)), list(range(total - servers, total)), None)
+    return env
+
+
 def sync_options(strategy: str, options: dict) -> SyncOptions:
     """``options`` as SyncOptions, refusing names that are no option or that ``strategy`` does not read."""
     spec = strategy_spec(strategy)

@@ -166,3 +166,19 @@ def test_killed_rank_of_2_node_train_restarts_and_finishes_like_an_uninterrupted
     assert "was killed by SIGKILL; restarting all workers (restart 1 of 1)" in text, text
     assert "restart 1: resumed from " in text and "ckpt-00000004.pt at step 4" in text, text
     assert_same_parameters(reference, torch.load(tmp_path / "model.pt"), rtol=1e-6)
+
+
+@pytest.mark.slow  # ~35 s: a second 2-node restart, through the emulated cluster's own agents
+def test_cluster_run_max_restarts_resumes_a_killed_rank_like_an_uninterrupted_run(reference, tmp_path):
+    # run_in_cluster(max_restarts=1) (ddtrain cluster run --max-restarts 1): c10d agents, the store not shared
+    log = tmp_path / "job.log"
+    with emulated_cluster(2, "1gbit") as cluster, open(log, "w") as f:
+        result = run_in_cluster(cluster, ["ddtrain", *TRAIN, "--checkpoint-every", "2", "--checkpoint-dir",
+                                          str(tmp_path / "ck"), "--save", str(tmp_path / "model.pt")],
+                                procs_per_node=2, timeout_s=240, max_restarts=1, stdout=f, stderr=f,
+                                env=_env(DDTRAIN_FAULT="rank=0,step=5,kind=kill"))
+    text = log.read_text()
+    assert result.returncode == 0, text[-4000:]
+    assert "was killed by SIGKILL; restarting all workers (restart 1 of 1)" in text, text[-4000:]
+    assert "restart 1: resumed from " in text and "ckpt-00000004.pt at step 4" in text, text[-4000:]
+    assert_same_parameters(reference, torch.load(tmp_path / "model.pt"), rtol=1e-6)

@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="leave namespaces and links in place afterwards (processes are still stopped); "
                              "remove them with 'ddtrain cluster clean'")
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="stop the job after this many seconds")
+    parser.add_argument("--max-restarts", type=int, default=0,
+                        help="every node's agent restarts all workers this often after one fails (c10d rendezvous)")
     parser.add_argument("--traffic-out", default=None,
                         help="also write the per-node traffic (and samples) as JSON to this file")
     parser.add_argument("--traffic-interval", type=float, default=0.0,
@@ -74,7 +76,8 @@ def main(args) -> int:
                 result = slurm.run_with_slurm(cluster, command, timeout_s=args.timeout_s)
             else:
                 result = run_in_cluster(cluster, command, procs_per_node=args.procs_per_node,
-                                        timeout_s=args.timeout_s, sample_s=args.traffic_interval)
+                                        timeout_s=args.timeout_s, sample_s=args.traffic_interval,
+                                        max_restarts=args.max_restarts)
             print(result.traffic_table(), flush=True)
             if args.traffic_out:
                 _write_json(args.traffic_out, {"cluster": _describe(cluster, args, command), **result.to_dict()})

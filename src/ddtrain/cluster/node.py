@@ -23,14 +23,20 @@ def main(argv: list[str] | None = None) -> int:
     if not os.environ.get("DDTRAIN_DEBUG"):
         logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)
     from ddtrain.dist.launch import _torchrun_parser
+    from ddtrain.dist.launch import _RestartNotice
+    from ddtrain.cluster.links import NODE_ENV
     args = _torchrun_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    node = os.environ.get(NODE_ENV, args.node_rank)  # with c10d the rendezvous numbers the nodes itself
+    notice = _RestartNotice(args.max_restarts)  # "ddtrain: worker rank R was killed ...; restarting all workers"
     try:
         run(args)
     except ChildFailedError as exc:
         rank, failure = exc.get_first_failure()
-        print(f"ddtrain: error: node {args.node_rank}: {describe_failure(rank, failure.exitcode)}",
+        print(f"ddtrain: error: node {node}: {describe_failure(rank, failure.exitcode)}",
               file=sys.stderr, flush=True)
         return failure.exitcode if failure.exitcode > 0 else 128 - failure.exitcode  # shell style
+    finally:
+        notice.close()
     return 0
 
 

@@ -1,7 +1,7 @@
 """Start a job's ranks inside the emulated nodes and make sure nothing outlives it.
 
 Each node runs one torch.distributed.run agent in its namespace (``ip netns exec``), static
-rendezvous, master on node 0's address, ``GLOO_SOCKET_IFNAME`` set to the node's link, so
+rendezvous (c10d with ``max_restarts``), master on node 0's address, ``GLOO_SOCKET_IFNAME`` set to the node's link, so
 every byte between nodes crosses a rate-limited veth (ranks on the same node talk over the
 node's own address, i.e. inside the node, as on a real machine). The first node to fail ends
 the job: every process in every node namespace is stopped and the job's status is non-zero.
@@ -148,18 +148,34 @@ class RunResult:
 
 
 def node_argv(cluster: netns.Cluster, node: netns.Node, procs_per_node: int, command: list[str],
-              master_port: int = MASTER_PORT) -> list[str]:
-    """The command line that starts ``node``'s agent inside its namespace."""
+              master_port: int = MASTER_PORT, max_restarts: int = 0) -> list[str]:
+    """The command line that starts ``node``'s agent inside its namespace.
+
+    Without restarts: the static rendezvous (node ranks as the nodes are numbered). With
+    ``max_restarts``: torchrun's c10d rendezvous hosted by node 0's agent (``is_host`` said, as
+    the namespaces' hostnames tell torch nothing), every attempt a fresh store (node_env).
+    """
+    if max_restarts:
+        rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{cluster.master_addr}:{master_port}",
+                      "--rdzv-id", cluster.run_id, "--rdzv-conf", f"is_host={str(node.index == 0).lower()}"]
+    else:
+        rendezvous = ["--node-rank", str(node.index), "--rdzv-backend", "static",
+                      "--master-addr", cluster.master_addr, "--master-port", str(master_port)]
     return ["ip", "netns", "exec", node.namespace, sys.executable, "-m", "ddtrain.cluster.node",
-            "--nnodes", str(len(cluster.nodes)), "--node-rank", str(node.index),
-            "--nproc-per-node", str(procs_per_node), "--rdzv-backend", "static",
-            "--master-addr", cluster.master_addr, "--master-port", str(master_port),
-            "--local-addr", node.address, "--max-restarts", "0", "--monitor-interval", "0.2",
+            "--nnodes", str(len(cluster.nodes)), "--nproc-per-node", str(procs_per_node), *rendezvous,
+            "--local-addr", node.address, "--max-restarts", str(max_restarts), "--monitor-interval", "0.2",
             *target_argv(command)]
 
 
-def node_env(cluster: netns.Cluster, node: netns.Node, procs_per_node: int, extra: dict | None = None) -> dict:
+def node_env(cluster: netns.Cluster, node: netns.Node, procs_per_node: int, extra: dict | None = None,
+             max_restarts: int = 0) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
+    if max_restarts:
+        # Read by every node's agent when it starts: a store shared by agent and workers keeps the
+        # dead attempt's addresses and a restarted group cannot connect (docs/CLUSTERS.md, Restarts).
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+        # All agents are one run: they may hold the same checkpoint directory (reliability.ownership).
+        env.setdefault("DDTRAIN_RUN_ID", f"cluster-{cluster.run_id}")
     ranks_here = procs_per_node * max(1, min(len(cluster.nodes), os.cpu_count() or 1))
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // ranks_here)))
     env.update({"GLOO_SOCKET_IFNAME": node.interface, NODE_ENV: str(node.index),
@@ -176,19 +192,22 @@ def node_env(cluster: netns.Cluster, node: netns.Node, procs_per_node: int, extr
 
 def run_in_cluster(cluster: netns.Cluster, command: list[str], *, procs_per_node: int = 1,
                    timeout_s: float = 3600.0, env: dict | None = None, stdout=None, stderr=None,
-                   sample_s: float = 0.0) -> RunResult:
+                   sample_s: float = 0.0, max_restarts: int = 0) -> RunResult:
     """Run ``command`` as ``procs_per_node`` ranks on every node; wait, stop everything, measure.
 
     ``stdout``/``stderr`` are file objects for the ranks' output (default: ours). The job ends
     when every node agent has exited, when one exits non-zero (the rest are stopped) or after
     ``timeout_s`` (status 124). Every process in the node namespaces is gone on return.
     ``sample_s`` > 0 also records every node's byte counters that often (traffic over time).
+    ``max_restarts`` > 0 lets every node's agent restart all workers that often after a failure.
     """
     if procs_per_node < 1:
         raise DDTrainError(f"--procs-per-node must be at least 1, got {procs_per_node}")
     if timeout_s <= 0:
         raise DDTrainError(f"timeout must be positive, got {timeout_s}")
-    argvs = [node_argv(cluster, node, procs_per_node, command) for node in cluster.nodes]
+    if max_restarts < 0:
+        raise DDTrainError(f"--max-restarts must be >= 0, got {max_restarts}")
+    argvs = [node_argv(cluster, node, procs_per_node, command, max_restarts=max_restarts) for node in cluster.nodes]
     before = [netns.interface_bytes(node) for node in cluster.nodes]
     start = time.monotonic()
     procs: list[subprocess.Popen] = []
@@ -197,7 +216,7 @@ def run_in_cluster(cluster: netns.Cluster, command: list[str], *, procs_per_node
     samples, next_sample = [], start + sample_s
     try:
         for node, argv in zip(cluster.nodes, argvs):
-            procs.append(subprocess.Popen(argv, env=node_env(cluster, node, procs_per_node, env),
+            procs.append(subprocess.Popen(argv, env=node_env(cluster, node, procs_per_node, env, max_restarts),
                                           stdout=stdout, stderr=stderr, start_new_session=True))
         deadline = start + timeout_s
         while any(code is None for code in codes):

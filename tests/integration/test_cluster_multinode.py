@@ -151,6 +151,7 @@ def test_doctor_at_the_start_of_a_multi_node_train_refuses_naming_node_and_field
     assert "the nodes of this job differ: python differs on node 1 (rank 1): 3.0.1 vs" in text, text
 
 
+@pytest.mark.slow
 def test_killed_rank_of_2_node_train_restarts_and_finishes_like_an_uninterrupted_run(reference, tmp_path):
     # Rank 3 is SIGKILLed at step 5 (DDTRAIN_FAULT, the first attempt only); checkpoints every 2 steps in a
     # directory both nodes see. torchrun counts the restart on the failed rank's node only: before the ranks

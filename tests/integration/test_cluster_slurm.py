@@ -107,6 +107,7 @@ def test_srun_on_2_nodes_trains_like_nproc_4_on_one(slurm_cluster, reference, tm
     assert_same_parameters(reference["train"], torch.load(tmp_path / "train.pt"), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_sbatch_wait_runs_minimal_py_and_its_batch_shell_is_no_task(slurm_cluster, reference, tmp_path):
     (tmp_path / "wrap.py").write_text(WRAPPER)
     # The batch shell itself runs `ddtrain train --nproc 2` first: 2 workers, not "rank 0 of 4" (issue 17).

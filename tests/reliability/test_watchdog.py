@@ -11,6 +11,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 
 def ddtrain_env(**extra):
     env = {**os.environ, "OMP_NUM_THREADS": "1", **extra}
@@ -19,6 +21,7 @@ def ddtrain_env(**extra):
     return env
 
 
+@pytest.mark.slow
 def test_watchdog_names_the_rank_that_skipped_within_the_deadline():
     deadline = 6
     proc = subprocess.Popen([sys.executable, "-m", "ddtrain", "train", "--model", "mlp", "--data", "digits",

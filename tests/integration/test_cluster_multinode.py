@@ -121,6 +121,39 @@ def test_mpi_host_lists_across_2_nodes_train_like_nproc_4_on_one(kind, reference
     assert_same_parameters(reference, torch.load(tmp_path / "model.pt"), rtol=1e-6)
 
 
+# examples/minimal.py unchanged, its model saved by rank 0 after the script ran (as in test_launchers.py)
+WRAPPER = """import runpy, sys, torch
+from ddtrain.dist.env import detect_env
+out = sys.argv.pop(1)
+sys.argv = sys.argv[1:]
+g = runpy.run_path(sys.argv[0], run_name="__main__")
+if detect_env().rank == 0:
+    torch.save({k: v.detach().clone() for k, v in g["model"].state_dict().items()}, out)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["mpich", "openmpi"])
+def test_mpi_host_lists_across_2_nodes_run_minimal_py_like_torchrun_with_4_ranks(kind, tmp_path):
+    launcher = {"mpich": "mpiexec.mpich", "openmpi": "mpirun.openmpi"}[kind]
+    if shutil.which(launcher) is None:
+        pytest.skip(f"{launcher} is not installed (apt-get install {'mpich' if kind == 'mpich' else 'openmpi-bin'})")
+    (tmp_path / "wrap.py").write_text(WRAPPER)
+    script = [str(tmp_path / "wrap.py"), str(tmp_path / "{}.pt"), str(REPO / "examples" / "minimal.py"), "--epochs", "1"]
+    local = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "4", "--master-port", "29413",
+             script[0], script[1].format("torchrun"), *script[2:]]
+    done = subprocess.run(local, env=_env(), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with emulated_cluster(2, "1gbit") as cluster, node_hosts(cluster) as hosts:
+        argv = _mpi_across_nodes(kind, hosts.agent, [sys.executable, script[0], script[1].format("mpi"), *script[2:]],
+                                 tmp_path)
+        root_ok = {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+        done = subprocess.run(hosts.head(argv), env=_env(**root_ok), capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "(world size 4)" in done.stdout, done.stdout
+    assert_same_parameters(torch.load(tmp_path / "torchrun.pt"), torch.load(tmp_path / "mpi.pt"), rtol=1e-6)
+
+
 def test_doctor_names_the_node_whose_torch_differs(tmp_path):
     # DDTRAIN_DOCTOR_FAKE (test-only) gives node 1 another torch version
     log = tmp_path / "doctor.log"

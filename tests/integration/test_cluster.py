@@ -17,23 +17,14 @@ import time
 
 import pytest
 
-from ddtrain.cluster import checks, emulated_cluster, link_fraction, netns, parse_rate, run_in_cluster
+from ddtrain.cluster import emulated_cluster, link_fraction, netns, parse_rate, run_in_cluster
 from ddtrain.cluster.run import target_argv
 from ddtrain.errors import DDTrainError
+from helpers import why_no_cluster
 
 
 def _why_no_cluster() -> str | None:
-    if not sys.platform.startswith("linux"):
-        return "network namespaces are Linux-only"
-    missing = checks.missing_requirements()
-    if missing:
-        return "cannot emulate a cluster here: " + "; ".join(missing)
-    probe = netns.new_run_id() + "-br"
-    done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if done.returncode != 0:
-        return f"'ip netns add' does not work here: {done.stderr.strip()}"
-    subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
-    return None
+    return why_no_cluster()
 
 
 WHY = _why_no_cluster()

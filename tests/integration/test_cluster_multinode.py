@@ -16,23 +16,13 @@ import sys
 import pytest
 import torch
 
-from ddtrain.cluster import checks, emulated_cluster, netns, run_in_cluster
+from ddtrain.cluster import emulated_cluster, netns, run_in_cluster
 from ddtrain.cluster.remote import node_hosts
-from helpers import REPO, assert_same_parameters, ddtrain
+from helpers import REPO, SAVE_MODEL_WRAPPER, assert_same_parameters, ddtrain, why_no_cluster
 
 
 def _why_not() -> str | None:
-    if not sys.platform.startswith("linux"):
-        return "network namespaces are Linux-only"
-    missing = checks.missing_requirements()
-    if missing:
-        return "cannot emulate a cluster here: " + "; ".join(missing)
-    probe = netns.new_run_id() + "-br"
-    done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if done.returncode != 0:
-        return f"'ip netns add' does not work here: {done.stderr.strip()}"
-    subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
-    return None
+    return why_no_cluster()
 
 
 WHY = _why_not()
@@ -122,14 +112,7 @@ def test_mpi_host_lists_across_2_nodes_train_like_nproc_4_on_one(kind, reference
 
 
 # examples/minimal.py unchanged, its model saved by rank 0 after the script ran (as in test_launchers.py)
-WRAPPER = """import runpy, sys, torch
-from ddtrain.dist.env import detect_env
-out = sys.argv.pop(1)
-sys.argv = sys.argv[1:]
-g = runpy.run_path(sys.argv[0], run_name="__main__")
-if detect_env().rank == 0:
-    torch.save({k: v.detach().clone() for k, v in g["model"].state_dict().items()}, out)
-"""
+WRAPPER = SAVE_MODEL_WRAPPER
 
 
 @pytest.mark.slow

@@ -18,23 +18,13 @@ import time
 import pytest
 import torch
 
-from ddtrain.cluster import checks, emulated_cluster, netns
+from ddtrain.cluster import emulated_cluster, netns
 from ddtrain.cluster import slurm as slurm_mod
-from helpers import REPO, assert_same_parameters, ddtrain
+from helpers import REPO, SAVE_MODEL_WRAPPER, assert_same_parameters, ddtrain, why_no_cluster
 
 
 def _why_not() -> str | None:
-    if not sys.platform.startswith("linux"):
-        return "network namespaces are Linux-only"
-    missing = checks.missing_requirements() + slurm_mod.missing_requirements()
-    if missing:
-        return "cannot run SLURM in an emulated cluster here: " + "; ".join(missing)
-    probe = netns.new_run_id() + "-br"
-    done = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if done.returncode != 0:
-        return f"'ip netns add' does not work here: {done.stderr.strip()}"
-    subprocess.run(["ip", "netns", "delete", probe], capture_output=True)
-    return None
+    return why_no_cluster(slurm_mod.missing_requirements(), "run SLURM in an emulated cluster")
 
 
 WHY = _why_not()
@@ -42,14 +32,7 @@ pytestmark = pytest.mark.skipif(WHY is not None, reason=WHY or "")
 
 TRAIN = ["train", "--model", "mlp", "--data", "digits", "--steps", "6", "--batch-size", "8", "--lr", "0.05",
          "--momentum", "0.9", "--seed", "3"]
-WRAPPER = """import runpy, sys, torch
-from ddtrain.dist.env import detect_env
-out = sys.argv.pop(1)
-sys.argv = sys.argv[1:]
-g = runpy.run_path(sys.argv[0], run_name="__main__")
-if detect_env().rank == 0:
-    torch.save({k: v.detach().clone() for k, v in g["model"].state_dict().items()}, out)
-"""
+WRAPPER = SAVE_MODEL_WRAPPER
 
 
 def _env() -> dict:

@@ -10,6 +10,7 @@ import time
 import pytest
 import torch
 
+from helpers import run_skip_fault
 from multirank import RankError, run_ranks
 
 from ddtrain import cli, comm
@@ -65,20 +66,10 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_p
 
 def test_a_rank_that_skips_a_collective_is_named_within_the_deadline():
     deadline = 5
-    proc = subprocess.Popen([sys.executable, "-m", "ddtrain", "train", "--model", "mlp", "--data", "digits",
-                             "--nproc", "2", "--epochs", "1", "--batch-size", "32", "--timeout", str(deadline)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=ddtrain_env(DDTRAIN_FAULT="rank=1,step=3,kind=skip"))
-    lines, fired = [], None
-    for line in proc.stderr:  # the time the fault fired, then the job's end
-        lines.append(line.rstrip())
-        if fired is None and "DDTRAIN_FAULT: skipping" in line:
-            fired = time.monotonic()
-    code = proc.wait(timeout=120)
-    ended = time.monotonic()
+    code, lines, took = run_skip_fault(2, 1, deadline)
     stderr = "\n".join(lines)
-    assert code != 0 and fired is not None, stderr
-    assert ended - fired <= deadline + 10, f"{ended - fired:.1f} s\n{stderr}"
+    assert code != 0, stderr
+    assert took <= deadline + 10, f"{took:.1f} s\n{stderr}"
     stalls = [line for line in lines if "stalled" in line]
     assert len(stalls) == 1, stderr
     assert stalls[0].startswith("[rank 0] ddtrain: error: stalled at step 3 in forward+backward (the gradient "

@@ -16,7 +16,7 @@ import sys
 import pytest
 import torch
 
-from helpers import REPO, assert_same_parameters, ddtrain
+from helpers import REPO, SAVE_MODEL_WRAPPER, assert_same_parameters, ddtrain
 
 MPICH, OPENMPI = shutil.which("mpiexec.mpich"), shutil.which("mpirun.openmpi")
 needs_mpich = pytest.mark.skipif(MPICH is None, reason="MPICH's mpiexec.mpich is not installed (apt-get install mpich)")
@@ -25,14 +25,7 @@ needs_openmpi = pytest.mark.skipif(OPENMPI is None,
 TRAIN = ["train", "--model", "mlp", "--data", "digits", "--steps", "6", "--batch-size", "16", "--lr", "0.05",
          "--momentum", "0.9", "--seed", "3"]
 # Runs examples/minimal.py unchanged (runpy) and saves rank 0's final parameters.
-WRAPPER = """import runpy, sys, torch
-from ddtrain.dist.env import detect_env
-out = sys.argv.pop(1)
-sys.argv = sys.argv[1:]
-g = runpy.run_path(sys.argv[0], run_name="__main__")
-if detect_env().rank == 0:
-    torch.save({k: v.detach().clone() for k, v in g["model"].state_dict().items()}, out)
-"""
+WRAPPER = SAVE_MODEL_WRAPPER
 
 
 def _env(**extra) -> dict:

@@ -6,39 +6,19 @@ watchdog fires first, at the deadline, and names the step, the operation and the
 elsewhere. ``DDTRAIN_WATCHDOG=1`` runs exactly that path on Gloo (whose own timeout is then
 padded like NCCL's), with three ranks, so "which rank" is not simply "the other one".
 """
-import os
-import subprocess
-import sys
-import time
-
 import pytest
 
-
-def ddtrain_env(**extra):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **extra}
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        env.pop(name, None)
-    return env
+from helpers import run_skip_fault
 
 
 @pytest.mark.slow
 def test_watchdog_names_the_rank_that_skipped_within_the_deadline():
     deadline = 6
-    proc = subprocess.Popen([sys.executable, "-m", "ddtrain", "train", "--model", "mlp", "--data", "digits",
-                             "--nproc", "3", "--epochs", "1", "--batch-size", "32", "--timeout", str(deadline)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env=ddtrain_env(DDTRAIN_FAULT="rank=2,step=3,kind=skip", DDTRAIN_WATCHDOG="1"))
-    lines, fired = [], None
-    for line in proc.stderr:
-        lines.append(line.rstrip())
-        if fired is None and "DDTRAIN_FAULT: skipping" in line:
-            fired = time.monotonic()
-    code = proc.wait(timeout=120)
-    ended = time.monotonic()
+    # the padded backend timeout (deadline + 30 s) would come far later: the watchdog ends the job
+    code, lines, took = run_skip_fault(3, 2, deadline, DDTRAIN_WATCHDOG="1")
     stderr = "\n".join(lines)
-    assert code != 0 and fired is not None, stderr
-    # the padded backend timeout (deadline + 30 s) would come far later: the watchdog ended the job
-    assert ended - fired <= deadline + 10, f"{ended - fired:.1f} s\n{stderr}"
+    assert code != 0, stderr
+    assert took <= deadline + 10, f"{took:.1f} s\n{stderr}"
     stalls = [line for line in lines if "stalled" in line]
     assert len(stalls) == 1, stderr
     assert "no progress within the 6 s deadline; waiting for rank 2 (at step 3: skipping every collective" \

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from ddtrain import TrainConfig, fit
 from ddtrain.sync import STRATEGIES
 from multirank import run_ranks
-from helpers import N_SAMPLES, assert_same_parameters, tiny_data as _data, tiny_model as _model
+from helpers import N_SAMPLES, assert_same_parameters, plain_sgd, tiny_data as _data, tiny_model as _model
 
 BATCH, EPOCHS, LR, SEED = 8, 2, 0.1, 3
 # every synchronous strategy whose every rank trains (DDP and its hooks, hybrid); the parameter-server ones
@@ -45,15 +45,8 @@ def plain_loop(global_batch: int, momentum: float) -> dict:
     """One process, batch ``global_batch``: the steps every synchronous strategy must take."""
     model, shape = _model("mlp")
     train = _data(shape).train
-    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=momentum)
-    for epoch in range(1, EPOCHS + 1):
-        order = epoch_order(epoch)
-        for s in range(N_SAMPLES // global_batch):
-            idx = order[s * global_batch:(s + 1) * global_batch]
-            optimizer.zero_grad()
-            F.cross_entropy(model(train.x[idx]), train.y[idx]).backward()
-            optimizer.step()
-    return model.state_dict()
+    return plain_sgd(model, train.x, train.y, lr=LR, momentum=momentum, epochs=EPOCHS, global_batch=global_batch,
+                     epoch_order=epoch_order)
 
 
 def plain_local_sgd(workers: int, every: int) -> dict:

@@ -6,9 +6,8 @@ single-process and distributed paths fails the test too.
 """
 import pytest
 import torch
-import torch.nn.functional as F
 
-from helpers import N_SAMPLES, assert_same_parameters, tiny_data, tiny_model, train_and_return_parameters
+from helpers import N_SAMPLES, assert_same_parameters, plain_sgd, tiny_data, tiny_model, train_and_return_parameters
 from multirank import run_ranks
 
 EPOCHS, SEED = 2, 3          # train_and_return_parameters' settings: lr 0.1, momentum 0.9, seed 3, 2 epochs
@@ -17,15 +16,9 @@ EPOCHS, SEED = 2, 3          # train_and_return_parameters' settings: lr 0.1, mo
 def plain_loop(name: str, global_batch: int) -> dict:
     model, shape = tiny_model(name)
     train = tiny_data(shape).train
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    for epoch in range(1, EPOCHS + 1):
-        order = torch.randperm(N_SAMPLES, generator=torch.Generator().manual_seed(SEED + epoch))
-        for s in range(N_SAMPLES // global_batch):
-            idx = order[s * global_batch:(s + 1) * global_batch]
-            optimizer.zero_grad()
-            F.cross_entropy(model(train.x[idx]), train.y[idx]).backward()
-            optimizer.step()
-    return model.state_dict()
+    return plain_sgd(model, train.x, train.y, lr=0.1, momentum=0.9, epochs=EPOCHS, global_batch=global_batch,
+                     epoch_order=lambda epoch: torch.randperm(
+                         N_SAMPLES, generator=torch.Generator().manual_seed(SEED + epoch)))
 
 
 @pytest.mark.parametrize("name", ["mlp", "simple-cnn"])

@@ -77,18 +77,23 @@ def _lines(rows: list[dict], x: str) -> dict[str, list[dict]]:
     return out
 
 
+def _against_workers(ax, ylabel: str, workers: list[int]) -> None:
+    """The axes of a per-strategy line plot over the number of workers, from zero."""
+    ax.set_xlabel("workers")
+    ax.set_ylabel(ylabel)
+    ax.set_xticks(workers)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small")
+
+
 def throughput_vs_workers(rows: list[dict], path) -> str:
     """002 Fig 4.1-4.2: images per second against the number of workers, one line per strategy."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for label, members in _by_setup(rows).items():
         ax.plot([r["workers"] for r in members], [r["samples_per_s"] for r in members], "o-", label=label)
-    ax.set_xlabel("workers")
-    ax.set_ylabel("throughput (samples/s)")
-    ax.set_xticks(sorted({r["workers"] for r in rows}))
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    _against_workers(ax, "throughput (samples/s)", sorted({r["workers"] for r in rows}))
     return _save(fig, path, "Throughput against workers, per strategy")
 
 
@@ -102,12 +107,7 @@ def speedup_vs_workers(rows: list[dict], path) -> str:
     for label, members in _by_setup(rows).items():
         members = [r for r in members if r.get("speedup") is not None]
         ax.plot([r["workers"] for r in members], [r["speedup"] for r in members], "o-", label=label)
-    ax.set_xlabel("workers")
-    ax.set_ylabel(f"speed-up over {base} worker{'s' if base > 1 else ''} (x)")
-    ax.set_xticks(workers)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small")
+    _against_workers(ax, f"speed-up over {base} worker{'s' if base > 1 else ''} (x)", workers)
     return _save(fig, path, "Speed-up against workers, with the ideal line")
 
 

@@ -17,7 +17,7 @@ from ddtrain.data import load_dataset
 from ddtrain.models import build_model
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--strategy", default="ddp")
+parser.add_argument("--strategy", default=None)   # None: ddp, or what `ddtrain run --strategy` says
 parser.add_argument("--epochs", type=int, default=2)
 args = parser.parse_args()
 

@@ -36,6 +36,9 @@ STRATEGY_ENV = "DDTRAIN_STRATEGY"   # the default strategy (ddtrain run --strate
 __all__ = ["prepare", "prepare_loader", "unwrap"]
 
 
+_announced: tuple[str, str] | None = None   # (parameter-server strategy, who named it) when init set the roles
+
+
 def init(*, strategy: str | None = None, servers: int = 1, **kwargs):
     """``ddtrain.init``: join the launcher's job (``dist.runtime.init``'s arguments pass through).
 
@@ -45,15 +48,32 @@ def init(*, strategy: str | None = None, servers: int = 1, **kwargs):
     the last ``servers`` ranks will be the servers. ``prepare`` confirms it and adds the
     workers' process group (``ddtrain.worker_group()`` is None until then).
     """
+    global _announced
     env = runtime.init(**kwargs)
-    name = strategy or os.environ.get("DDTRAIN_STRATEGY")
+    name = strategy or os.environ.get(STRATEGY_ENV)
     total = runtime.total_ranks()
     if name and total > 1 and strategy_spec(name).uses_servers:
+        _announced = (name, "ddtrain.init(strategy=...)" if strategy else f"{STRATEGY_ENV} (ddtrain run --strategy)")
         if not 1 <= servers < total:
             raise DDTrainError(f"init(servers={servers}): a job of {total} ranks needs between 1 and {total - 1} "
                                "parameter servers (at least one rank must train)")
         runtime.set_roles(list(range(total - servers)), list(range(total - servers, total)), None)
     return env
+
+
+def _confirm_roles(strategy: str) -> None:
+    """Roles ``init`` set for a parameter-server strategy stand only if ``prepare`` trains with one."""
+    global _announced
+    if _announced is None or strategy_spec(strategy).uses_servers:
+        return
+    named, by = _announced
+    _announced = None
+    runtime.clear_roles()   # every rank trains: world_size() counts them all again
+    if by.startswith("ddtrain.init"):
+        raise DDTrainError(f"prepare(strategy={strategy!r}) but {by} named {named!r}: world_size() counted only "
+                           "workers until now; name the same strategy in both")
+    runtime.print0(f"ddtrain: warning: {by} asked for {named}, but the script's prepare() names {strategy!r}, "
+                   f"which wins; world_size() counts every rank again")
 
 
 def sync_options(strategy: str, options: dict) -> SyncOptions:
@@ -113,6 +133,7 @@ def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strate
     """
     runtime.init()
     strategy = strategy or os.environ.get(STRATEGY_ENV) or "ddp"   # `ddtrain run --strategy S` sets the variable
+    _confirm_roles(strategy)
     settings = sync_options(strategy, options)
     optimizers = [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
     if isinstance(model, PreparedModel):

@@ -8,6 +8,7 @@ import pytest
 from helpers import REPO, assert_one_clear_error, ddtrain
 
 SCRIPT = textwrap.dedent("""
+    import os
     import sys
     import torch
     import ddtrain
@@ -15,8 +16,9 @@ SCRIPT = textwrap.dedent("""
     ddtrain.init()
     model = torch.nn.Linear(2, 2)
     model, optimizer, _ = ddtrain.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    print(f"rank {ddtrain.rank()} of {ddtrain.world_size()}: strategy {model.strategy.spec.name}, "
-          f"argv {sys.argv[1:]}, main {__name__}", flush=True)
+    line = (f"rank {ddtrain.rank()} of {ddtrain.world_size()}: strategy {model.strategy.spec.name}, "
+            f"argv {sys.argv[1:]}, main {__name__}\\n")
+    os.write(1, line.encode())  # one write: the two ranks share the launcher's stdout pipe, lines stay whole
     if "--fail" in sys.argv and ddtrain.rank() == 1:
         sys.exit(3)
     ddtrain.shutdown()

@@ -9,6 +9,7 @@ with that name; the processes of one run (the launcher, its workers, torchrun's 
 share the run id ``DDTRAIN_RUN_ID``, which the first of them sets and the others inherit.
 ``.ddtrain-lineage`` names the run that started the directory; every checkpoint records it,
 and ``--resume`` continues only from checkpoints of that lineage unless ``--resume-any`` says so.
+``.ddtrain-membership`` lists the world sizes the run trained at and from which step (``note_membership``).
 """
 from __future__ import annotations
 
@@ -26,6 +27,9 @@ from ddtrain.errors import DDTrainError
 RUN_ID_ENV = "DDTRAIN_RUN_ID"
 LOCKS = {"launcher": ".ddtrain-lock", "rank0": ".ddtrain-lock-rank0"}
 LINEAGE = ".ddtrain-lineage"
+MEMBERSHIP = ".ddtrain-membership"
+# Why the workers were (re)started, set by the launcher that restarted them (dist.launch, elastic runs).
+MEMBERSHIP_REASON_ENV = "DDTRAIN_MEMBERSHIP_REASON"
 
 _held: dict[str, int] = {}   # lock path -> open descriptor holding its flock, for this process's life
 
@@ -218,3 +222,61 @@ def check_lineage(header: dict, directory, path, *, resume_any: bool) -> str | N
                        f"on host {run.get('host', '?')}), not by this directory's run (lineage {mine}); continuing "
                        "from it would mix two runs' histories. Pass --resume-any to continue from it anyway, "
                        "or remove it")
+
+
+# ---- membership ------------------------------------------------------------------------------
+
+def membership(directory) -> list[dict]:
+    """The membership changes recorded in ``directory`` (oldest first; [] if none)."""
+    try:
+        entries = json.loads((Path(directory) / MEMBERSHIP).read_text())
+    except (OSError, ValueError):
+        return []
+    return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
+
+
+def membership_reason(previous: dict | None, world_size: int, *, attempt: int, resumed: bool) -> str:
+    """Why this attempt runs at ``world_size``: the launcher's words if it gave some, else what the sizes say."""
+    said = os.environ.get(MEMBERSHIP_REASON_ENV, "").strip()
+    if said:
+        return said
+    if previous is None or not (attempt or resumed):
+        return "start"
+    how = f"restart {attempt}" if attempt else "--resume"
+    before = previous.get("world_size")
+    if isinstance(before, int) and before > world_size:
+        return f"{how}: {before - world_size} rank(s) lost, world size {before} -> {world_size}"
+    if isinstance(before, int) and before < world_size:
+        return f"{how}: {world_size - before} rank(s) joined, world size {before} -> {world_size}"
+    return f"{how} at the same world size"
+
+
+def note_membership(directory, *, step: int, world_size: int, attempt: int, resumed: bool,
+                    write: bool) -> list[dict]:
+    """Append this attempt's membership (step it trains from, world size, reason, time) and return the list.
+
+    Every (re)start of the workers is one entry ``{"step", "world_size", "reason", "at", "attempt"}``;
+    the list lives in the checkpoint directory, so it outlasts the processes of each attempt and the
+    record (run.json) of the last attempt lists every change. A fresh run (not resumed, first
+    attempt) starts a new list. Only the process with ``write`` (rank 0) writes the file.
+    Without a checkpoint directory the list is this start alone.
+    """
+    fresh = not (attempt or resumed)
+    entries = [] if directory is None or fresh else membership(directory)
+    previous = entries[-1] if entries else None
+    entry = {"step": int(step), "world_size": int(world_size),
+             "reason": membership_reason(previous, world_size, attempt=attempt, resumed=resumed),
+             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "attempt": int(attempt)}
+    entries.append(entry)
+    if directory is not None and write:
+        from ddtrain.observe import files
+        text = json.dumps(entries, indent=1) + "\n"
+        try:
+            files.atomic_write(Path(directory) / MEMBERSHIP, lambda tmp: Path(tmp).write_text(text))
+        except OSError as exc:  # the record still carries the list; the next attempt starts a shorter one
+            print(f"ddtrain: warning: cannot write {Path(directory) / MEMBERSHIP}: {exc.strerror or exc}",
+                  file=sys.stderr, flush=True)
+        if previous is not None and previous.get("world_size") != world_size:
+            print(f"ddtrain: membership: world size {previous.get('world_size')} -> {world_size}, training on from "
+                  f"step {step} ({entry['reason']})", flush=True)
+    return entries

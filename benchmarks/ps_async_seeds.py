@@ -34,6 +34,7 @@ VARIANTS = {"ps-sync": ["--strategy", "ps-sync"],
             "ps-async lr-staleness-no-momentum": ["--strategy", "ps-async", "--async-rule", "lr-staleness-no-momentum"],
             "ps-async dc-staleness": ["--strategy", "ps-async", "--async-rule", "dc-staleness"],
             "ps-async dc-lr-workers": ["--strategy", "ps-async", "--async-rule", "dc-lr-workers"],
+            "ps-async dana": ["--strategy", "ps-async", "--async-rule", "dana"],
             "ps-async plain": ["--strategy", "ps-async", "--async-rule", "plain"]}
 DEFAULT_VARIANTS = ["ps-sync", "ps-async", "ps-async plain"]
 

@@ -33,10 +33,11 @@ class RecordingCore(ServerCore):
         super().apply_(*args, **kwargs)
         self.after_update.append(self.params[0].detach().clone())
 
-    def send(self, comm, workers, kind, label, aux=0):
+    def send(self, comm, workers, kind, label, aux=0, params=None):
         assert kind in (PARAMS, FINAL)
+        sent = self.params if params is None else params
         for w in workers:
-            self.given[w] = (self.version, self.params[0].detach().clone())
+            self.given[w] = (self.version, sent[0].detach().clone())
 
 
 class Scripted:
@@ -65,9 +66,9 @@ class Scripted:
         return worker
 
 
-def serve(script, rule, momentum=0.0):
+def serve(script, rule, momentum=0.0, optimizer_class=torch.optim.SGD, **optimizer_args):
     param = torch.nn.Parameter(torch.zeros(2))
-    optimizer = torch.optim.SGD([param], lr=LR, momentum=momentum)
+    optimizer = optimizer_class([param], lr=LR, momentum=momentum, **optimizer_args)
     plan = Plan("ps-async", [0, 1], [2], [[param]], torch.float32, torch.device("cpu"), 10.0,
                 hyper=hyper_layout(optimizer.param_groups))
     core = RecordingCore(plan, optimizer, 0, Ledger(plan.operations()), SyncStats(), FailureNote("ps-async"))
@@ -194,3 +195,33 @@ def test_dc_rule_compensates_each_stale_gradient_by_hand():
     assert len(core.after_update) == 5
     for got, want in zip(core.after_update, given[1:]):
         assert torch.allclose(got, want), (got, want)
+
+
+def test_dana_rule_gives_each_worker_its_momentum_and_look_ahead_parameters():
+    """DANA-Zero (Hakimi et al. 2019) with lr / M: worker w's gradient goes into its own buffer
+    m_w = mu m_w + g (torch's first step: m_w = g), theta -= lr/2 m_w, and w is sent
+    theta - lr/2 * mu * (m_0 + m_1), where the pending momentum will have carried theta."""
+    core = serve(SCRIPT, "dana", momentum=0.9)
+    t, mu, lr = TARGET, 0.9, LR / 2
+    theta = torch.zeros(2)
+    given = {0: theta.clone(), 1: theta.clone()}           # HELLO: no momentum yet, the look-ahead is theta
+    momenta = {}
+    want = []
+    for w in [0, 0, 1, 0, 1]:                               # SCRIPT's order of application
+        g = given[w] - t[w]
+        momenta[w] = g.clone() if w not in momenta else mu * momenta[w] + g
+        theta = theta - lr * momenta[w]
+        want.append(theta)
+        given[w] = theta - lr * mu * sum(momenta.values())
+    assert len(core.after_update) == 5
+    for got, w in zip(core.after_update, want):
+        assert torch.allclose(got, w), (got, w)
+    assert core.stats.extra["async_rule"] == "dana"
+    assert core.optimizer.param_groups[0]["lr"] == LR       # the worker's value stays; each update only scales it
+
+
+@pytest.mark.parametrize("optimizer_class, args", [(torch.optim.SGD, {"nesterov": True}),
+                                                   (torch.optim.SGD, {"dampening": 0.5})])
+def test_dana_falls_back_to_the_staleness_rule_where_its_look_ahead_is_undefined(optimizer_class, args):
+    core = serve(SCRIPT, "dana", momentum=0.9, optimizer_class=optimizer_class, **args)
+    assert core.stats.extra["async_rule"] == "staleness"

@@ -16,7 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddtrain.dist import runtime
 
-ASYNC_RULES = ("staleness", "lr-staleness", "momentum", "momentum-subtract", "lr-workers", "lr-staleness-momentum",
+ASYNC_RULES = ("dana", "staleness", "lr-staleness", "momentum", "momentum-subtract", "lr-workers", "lr-staleness-momentum",
                "lr-workers-momentum", "lr-staleness-no-momentum", "dc-staleness", "dc-lr-workers", "plain")   # SyncOptions.async_rule's Literal
 
 
@@ -27,7 +27,7 @@ class SyncOptions:
     sync_every: int | str = 1        # hybrid / local-sgd: steps between parameter syncs, or "epoch"
     servers: int = 1                 # ps-*: how many ranks hold parameters
     staleness: int = 4               # ps-async: most versions a gradient may lag
-    async_rule: Literal["staleness", "lr-staleness", "momentum", "momentum-subtract", "lr-workers", "lr-staleness-momentum", "lr-workers-momentum", "lr-staleness-no-momentum", "dc-staleness", "dc-lr-workers", "plain"] = "staleness"  # ps-async: how each update's lr/momentum are corrected for asynchrony (docs/ALGORITHMS.md); 'plain' applies gradients as they come
+    async_rule: Literal["dana", "staleness", "lr-staleness", "momentum", "momentum-subtract", "lr-workers", "lr-staleness-momentum", "lr-workers-momentum", "lr-staleness-no-momentum", "dc-staleness", "dc-lr-workers", "plain"] = "dana"  # ps-async: how updates are corrected for asynchrony (docs/ALGORITHMS.md): dana = lr/workers, a momentum per worker and look-ahead parameters (SGD; other optimizers get staleness); plain applies gradients as they come
     bucket_cap_mb: float = 25.0      # DDP gradient bucket size (MB)
     find_unused_parameters: bool = False   # DDP: allow parameters that get no gradient on some steps (branches, unused heads)
     static_graph: bool = False             # DDP: the set of used parameters never changes between steps

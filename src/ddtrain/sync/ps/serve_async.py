@@ -26,7 +26,7 @@ from ddtrain.comm import traffic
 from ddtrain.comm.p2p import CommError, wait
 from ddtrain.errors import DDTrainError
 from ddtrain.reliability.faults import maybe_inject
-from ddtrain.sync.ps.server import ServerCore, delay_compensate_
+from ddtrain.sync.ps.server import ServerCore, dana_applies, delay_compensate_
 from ddtrain.sync.ps.protocol import (ADD, ASIDE, CONTROL_SUFFIX, FINAL, GRAD, HELLO, PARAMS, PAUSE, STOP, STOP_SUFFIX,
                                      reattribute)
 
@@ -120,6 +120,9 @@ def serve_async(core: ServerCore, bound: int, rule: str = "staleness", on_add=No
     from (tests pass a scripted one; default ``Arrivals(core)``).
     """
     plan = core.plan
+    if rule == "dana" and not dana_applies(core.optimizer):
+        rule = "staleness"     # DANA's look-ahead is defined for heavy-ball SGD only (docs/ALGORITHMS.md)
+    core.stats.extra["async_rule"] = rule
     active = set(plan.workers)
     arrivals = arrivals or Arrivals(core)
     adding: list[int] = []             # workers that have sent ADD, waiting for the others
@@ -209,7 +212,7 @@ def serve_async(core: ServerCore, bound: int, rule: str = "staleness", on_add=No
                     mean_square = torch.zeros_like(now)
                 delay_compensate_(core.inbox[w].payload, now, snapshots[received[w]], mean_square)
             core.apply_(core.inbox[w].payload, core.inbox[w], staleness=None if rule == "plain" else lag,
-                        mean_staleness=mean, rule=rule)
+                        mean_staleness=mean, rule=rule, worker=w)
             del received[w], outstanding[w]
             for v in set(snapshots) - set(outstanding.values()):
                 del snapshots[v]
@@ -217,7 +220,8 @@ def serve_async(core: ServerCore, bound: int, rule: str = "staleness", on_add=No
         with core.ledger.timed():
             while answer and len(outstanding) <= bound:
                 w, suffix = answer.pop(0)
-                core.send(plan.comm(suffix=suffix), [w], PARAMS, f"parameters {core.version}")
+                core.send(plan.comm(suffix=suffix), [w], PARAMS, f"parameters {core.version}",
+                          params=core.lookahead() if rule == "dana" else None)
                 # Only now: on NCCL a receive posted before this send would sit ahead of it on the
                 # stream, waiting for a message the worker sends only after these parameters.
                 arrivals.expect(w)

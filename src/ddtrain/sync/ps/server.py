@@ -38,7 +38,8 @@ def chunks(nbytes: int, message) -> int:
 
 
 # --async-rule -> (how lr is divided, how explicit momentum is lowered); docs/ALGORITHMS.md has each one's measurement
-ASYNC_RULE_PARTS = {"staleness": ("staleness", "subtract"),
+ASYNC_RULE_PARTS = {"dana": ("workers", None),    # plus a momentum buffer per worker and look-ahead parameters (ServerCore)
+                    "staleness": ("staleness", "subtract"),
                     "lr-staleness": ("staleness", None),
                     "momentum": (None, "keep-total"),
                     "momentum-subtract": (None, "subtract"),
@@ -49,6 +50,12 @@ ASYNC_RULE_PARTS = {"staleness": ("staleness", "subtract"),
                     "dc-staleness": ("staleness", "subtract"),
                     "dc-lr-workers": ("workers", None)}
 DC_LAMBDA, DC_DECAY = 2.0, 0.95    # DC-ASGD-a's lambda_0 and mean-square decay (Zheng et al. 2017, their CIFAR-10 values)
+
+
+def dana_applies(optimizer) -> bool:
+    """Can ``--async-rule dana`` run on ``optimizer``? Its look-ahead is heavy-ball SGD's (no Nesterov, no dampening)."""
+    return isinstance(optimizer, torch.optim.SGD) and all(
+        not g.get("nesterov") and not g.get("dampening") for g in optimizer.param_groups)
 
 
 def delay_compensate_(grads, now, stale, mean_square) -> None:
@@ -98,10 +105,11 @@ class ServerCore:
         self.outbox = plan.message(index)       # one answer, sent to every worker that gets it
         self.version = 0
         self.rank = plan.servers[index]
+        self.momenta: dict[int, list] = {}      # --async-rule dana: worker -> its momentum buffer per parameter
 
     @torch.no_grad()
     def apply_(self, grads: torch.Tensor, message=None, staleness: int | None = None, mean_staleness: float = 0.0,
-               has_grad=None, rule: str = "staleness") -> None:
+               has_grad=None, rule: str = "staleness", worker: int | None = None) -> None:
         """One optimizer step of this server's parameters with the flat gradient ``grads``.
 
         ``message`` (the worker's GRAD, or the first of a ps-sync round) brings the worker's
@@ -124,14 +132,45 @@ class ServerCore:
             if has_grad is None or has_grad[i]:
                 p.grad = grads[offset:offset + p.numel()].view_as(p)
             offset += p.numel()
+        momenta = self.momenta.setdefault(worker, [None] * len(self.params)) if rule == "dana" else None
+        state = self.optimizer.state
+        if momenta is not None:      # this worker's own momentum (DANA: Hakimi et al. 2019)
+            for p, buffer in zip(self.params, momenta):
+                if buffer is None:
+                    state[p].pop("momentum_buffer", None)
+                else:
+                    state[p]["momentum_buffer"] = buffer
         with torch.enable_grad():
             self.optimizer.step()
-        for p in self.params:
+        for i, p in enumerate(self.params):
             p.grad = None
+            if momenta is not None:
+                momenta[i] = state[p].get("momentum_buffer")
         if saved is not None:       # the next update starts again from the worker's values
             for g, values in zip(groups, saved):
                 g.update(values)
         self.version += 1
+
+    @torch.no_grad()
+    def lookahead(self) -> list[torch.Tensor]:
+        """DANA-Zero's estimate of the parameters a gradient computed now will be applied to.
+
+        ``theta - (lr / M) * mu * sum_j v_j`` (``v_j`` worker j's momentum buffer, ``M`` workers):
+        where the momentum of every worker's pending updates will have carried the parameters by
+        the time this worker's gradient arrives. The worker computes its gradient there, which
+        cancels the lag that makes stale heavy-ball updates diverge (docs/ALGORITHMS.md).
+        """
+        group_of = {p: g for g in self.optimizer.param_groups for p in g["params"]}
+        ahead = []
+        for i, p in enumerate(self.params):
+            buffers = [m[i] for m in self.momenta.values() if m[i] is not None]
+            group = group_of[p]
+            mu = group.get("momentum") or 0.0
+            if not buffers or not mu:
+                ahead.append(p)
+                continue
+            ahead.append(p - (group["lr"] / len(self.plan.workers)) * mu * torch.stack(buffers).sum(0))
+        return ahead
 
     def has_grad(self, message) -> list[bool]:
         start = sum(n for _, _, n in self.plan.hyper)
@@ -195,9 +234,9 @@ class ServerCore:
         link, peer = self.plan.route(comm, worker, self.rank)
         return exchange(link, recvs=[(peer, self.inbox[worker].buffer)], label=f"{what} from worker")
 
-    def send(self, comm, workers, kind: int, label: str, aux: int = 0) -> None:
-        """Send ``kind`` (with the current parameters) to ``workers`` and wait until it has left."""
-        self.outbox.pack_(self.params)
+    def send(self, comm, workers, kind: int, label: str, aux: int = 0, params=None) -> None:
+        """Send ``kind`` (with the current parameters, or ``params``) to ``workers`` and wait until it has left."""
+        self.outbox.pack_(self.params if params is None else params)
         self.outbox.set_header(kind, self.version, aux)
         posted = []
         for w in workers:

@@ -4,7 +4,13 @@
 takes every R-th index starting at r, so the union of the ranks' step-s batches is exactly
 the step-s batch of one process with an R-times larger batch (the equivalence tests rely
 on this). The n mod R samples left over are dropped (different ones each epoch) or, with
-``pad``, filled by repeating the start of the permutation.
+``pad``, filled by repeating the start of the permutation. With ``global_batch`` G (the
+run's ``--global-batch-size``) the order is a function of (seed, epoch, global step) only:
+step s of an epoch trains ``perm[s*G:(s+1)*G]`` whatever the world size R and the gradient
+accumulation K, rank r taking every R-th index of it (micro-batch k the k-th run of those),
+and the n mod G samples after the last whole global batch are dropped (per global batch, not
+per rank), so a run resumed on another number of ranks sees the same samples at every step.
+Without G today's rule stands (drop n mod R; the last, shorter batch is trained).
 
 ``contiguous``: document 000 Tables 6.1/6.2 — ranks 0..R-2 get floor(n/R) consecutive
 samples, the last rank the rest. Every rank still runs the same number of steps (that of
@@ -32,7 +38,7 @@ class ShardSampler(Sampler):
     """Indices of this rank's shard for the current epoch; call ``set_epoch`` every epoch."""
 
     def __init__(self, n: int, *, rank: int, world_size: int, shuffle: bool = True, seed: int = 0,
-                 policy: str = "balanced", remainder: str = "drop"):
+                 policy: str = "balanced", remainder: str = "drop", global_batch: int = 0):
         if policy not in POLICIES:
             raise DDTrainError(f"unknown sharding policy {policy!r}; valid: {', '.join(POLICIES)}")
         if remainder not in ("drop", "pad"):
@@ -41,8 +47,15 @@ class ShardSampler(Sampler):
             raise DDTrainError(f"{n} samples cannot be shared among {world_size} ranks")
         self.n, self.rank, self.world = n, rank, world_size
         self.shuffle, self.seed, self.policy, self.remainder = shuffle, seed, policy, remainder
-        self.epoch = 0
-        if policy == "balanced":
+        self.epoch, self.global_batch = 0, global_batch if policy == "balanced" else 0
+        if self.global_batch:
+            if global_batch % world_size:
+                raise DDTrainError(f"a global batch of {global_batch} samples does not divide among {world_size} ranks")
+            if n < global_batch:
+                raise DDTrainError(f"a global batch of {global_batch} samples is more than the {n} training samples")
+            batches = math.ceil(n / global_batch) if remainder == "pad" else n // global_batch
+            self.per_rank = batches * global_batch // world_size
+        elif policy == "balanced":
             self.per_rank = math.ceil(n / world_size) if remainder == "pad" else n // world_size
         else:
             self.per_rank = max(contiguous_sizes(n, world_size))
@@ -58,7 +71,7 @@ class ShardSampler(Sampler):
     def indices(self) -> torch.Tensor:
         order = self._order()
         if self.policy == "balanced":
-            total = self.per_rank * self.world
+            total = self.per_rank * self.world  # whole global batches only when global_batch is set
             if total > self.n:
                 order = torch.cat([order, order[: total - self.n]])
             return order[self.rank:total:self.world]
@@ -82,6 +95,8 @@ class ShardSampler(Sampler):
         if self.policy == "balanced":
             left = self.n - self.per_rank * self.world
             rule = f"dropped {left} samples per epoch" if left >= 0 else f"padded {-left} repeated samples per epoch"
+            if self.global_batch:
+                rule += f" (whole global batches of {self.global_batch}: the order does not depend on the world size)"
         else:
             rule = "shorter shards repeat their first samples to match the largest"
         return {"policy": self.policy, "samples_per_rank": self.per_rank, "remainder": rule}

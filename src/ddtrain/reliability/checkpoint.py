@@ -28,8 +28,8 @@ import torch.distributed as dist
 from ddtrain.dist import runtime
 from ddtrain.errors import DDTrainError
 from ddtrain.observe import files
-from ddtrain.reliability import ownership, stall
-from ddtrain.reliability.consistency import PeerStopped, check_resumable
+from ddtrain.reliability import checkpoint_elastic, ownership, stall
+from ddtrain.reliability.consistency import PeerStopped
 
 MAGIC = b"DDTRAIN-CHECKPOINT 1\n"
 FORMAT = 1
@@ -227,7 +227,9 @@ def check_dir(config, fingerprint: dict) -> None:
         except Damaged as exc:
             damaged.append(f"{path.name} ({exc})")
             continue
-        check_resumable(header, fingerprint, path)
+        now = checkpoint_elastic.section(config, workers=fingerprint["world_size"], servers=0,
+                                         train_samples=fingerprint["train_samples"], resize_rule=None)
+        checkpoint_elastic.check(header, fingerprint, now, path)  # another worker count only where it can
         _take(directory)
         ownership.ensure_lineage(directory)
         theirs = ownership.check_lineage(header, directory, path, resume_any=config.reliability.resume_any)
@@ -333,11 +335,13 @@ def check_payload(payload, header: dict, path) -> None:
         raise bad("it holds no model and optimizer state")
 
 
-def restore(directory, *, required: bool, warn, check=None):
+def restore(directory, *, required: bool, warn, check=None, reshape=None):
     """Every rank's part of the newest whole checkpoint: (header, shared, my part), or None if none.
 
     Rank 0 finds and verifies the file (``check(header)`` may raise DDTrainError for an
-    incompatible one) and sends each rank its part; every rank raises the same error.
+    incompatible one) and sends each rank its part; every rank raises the same error. A
+    checkpoint of another world size has its parts made into this one's by
+    ``reshape(header, parts, shared)`` (``checkpoint_elastic.reshape``).
     """
     rank = dist.get_rank() if _distributed() else 0
     verdict, parts = None, None
@@ -353,7 +357,11 @@ def restore(directory, *, required: bool, warn, check=None):
                 check_payload(payload, header, path)
                 ranks = payload["ranks"]
                 verdict = {"path": str(path), "header": header}
-                parts = [(payload["shared"], part) for part in ranks]
+                world = dist.get_world_size() if _distributed() else 1
+                if len(ranks) != world and reshape is not None:
+                    parts = reshape(header, ranks, payload["shared"])
+                else:
+                    parts = [(payload["shared"], part) for part in ranks]
         except DDTrainError as exc:
             verdict = {"error": str(exc)}
     if _distributed():
@@ -391,7 +399,7 @@ class Checkpointer:
     """
 
     def __init__(self, options, *, strategy, strategy_name: str, optimizer, scaler, fingerprint: dict, record: dict,
-                 info: dict, max_steps: int, epochs: int):
+                 info: dict, max_steps: int, epochs: int, elastic: dict | None = None, seed: int = 0):
         self.directory, self.every, self.keep, self.resume_asked = (options.checkpoint_dir, options.checkpoint_every,
                                                                     options.keep, options.resume)
         self.strategy, self.module, self.optimizer, self.scaler = strategy, strategy.module, optimizer, scaler
@@ -402,6 +410,7 @@ class Checkpointer:
         self._skip, self._part = 0, None        # steps of self.epoch already trained, and this rank's part
         self._meter, self._epoch_now, self._rng_epoch, self._epoch_t0 = None, 1, None, time.perf_counter()
         self.resume_any, self._final = getattr(options, "resume_any", False), False
+        self.elastic, self.seed = elastic, seed  # this run's checkpoint_elastic.section (None: fixed size only)
 
     def claim(self) -> None:
         """Collective: rank 0 takes the directory's lock (refused, on every rank, if another run holds it)."""
@@ -424,7 +433,7 @@ class Checkpointer:
             raise (DDTrainError if runtime.rank() == 0 else PeerStopped)(verdict)
 
     def _check(self, header: dict) -> None:
-        check_resumable(header, self.fingerprint, self.directory)
+        checkpoint_elastic.check(header, self.fingerprint, self.elastic, header.get("path", self.directory))
         theirs = ownership.check_lineage(header, self.directory, header.get("path", self.directory),
                                          resume_any=self.resume_any)
         if theirs:
@@ -438,7 +447,7 @@ class Checkpointer:
             return
         got = restore(self.directory, required=self.resume_asked,
                       warn=lambda message: runtime.eprint(f"ddtrain: warning: {message}"),
-                      check=self._check)
+                      check=self._check, reshape=self._reshape)
         if got is None:
             runtime.print0(f"restart {attempt}: no checkpoint in {self.directory} yet, starting from step 0")
             return
@@ -464,6 +473,22 @@ class Checkpointer:
         why = f"restart {attempt}" if attempt else "--resume"
         runtime.print0(f"{why}: resumed from {header['path']} at step {self.step} "
                        f"(epoch {self.epoch}, {self._skip} of its steps done)")
+        theirs = header.get("elastic") or {}
+        if self.elastic and theirs.get("workers", self.elastic["workers"]) != self.elastic["workers"]:
+            self.info["resumed_from"]["workers_was"] = theirs["workers"]
+            runtime.print0(f"resume at another world size: {theirs['workers']} workers (--grad-accum "
+                           f"{theirs['grad_accum']}) -> {self.elastic['workers']} (--grad-accum "
+                           f"{self.elastic['grad_accum']}), global batch {theirs['global_batch_size']} kept; "
+                           f"{checkpoint_elastic.RULES.get(theirs['rule'], theirs['rule'])}")
+
+    def _reshape(self, header: dict, parts: list, shared) -> list:
+        """Rank 0: the checkpoint's per-rank parts made into this world's (``checkpoint_elastic.reshape``)."""
+        theirs = header.get("elastic")
+        if not (theirs and self.elastic):
+            raise DDTrainError(f"checkpoint {header.get('path')} has {len(parts)} per-rank parts and no elastic "
+                               "section: it resumes only at its own world size")
+        return checkpoint_elastic.reshape(parts, shared, elastic=theirs, workers=self.elastic["workers"],
+                                          seed=self.seed, step=header["step"], capture=rng_state)
 
     def enter_epoch(self, epoch: int, meter) -> tuple[int, float]:
         """(steps of ``epoch`` already trained, the seconds they took): non-zero only in a resumed epoch."""
@@ -507,6 +532,8 @@ class Checkpointer:
         header = {"step": step, "epoch": self._epoch_now, "step_in_epoch": steps_done,
                   "strategy": self.strategy_name, "run": ownership.tag(self.directory) if runtime.rank() == 0 else None,
                   "fingerprint": self.fingerprint, "epochs_done": self.record["epochs"]}
+        if self.elastic:
+            header["elastic"] = self.elastic
         path = save(self.directory, step, header, part, state if replicated and runtime.rank() == 0 else None,
                     keep=self.keep)
         self.info["checkpoints_written"] += 1

@@ -25,7 +25,7 @@ from ddtrain.data.sharding import ShardSampler
 from ddtrain.dist import runtime, storage
 from ddtrain.errors import ConfigError
 from ddtrain.observe import files, tracking
-from ddtrain.reliability import consistency, faults, stall, watchdog
+from ddtrain.reliability import checkpoint_elastic, consistency, faults, stall, watchdog
 from ddtrain.reliability.checkpoint import Checkpointer, restart_attempt
 from ddtrain.reliability.nonfinite import NonfiniteGuard
 from ddtrain.reliability.replicas import ReplicaCheck
@@ -52,7 +52,14 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     # the workers (ranks that train: not the parameter servers) fix the per-rank batch and the lr scaling
     workers = max(runtime.total_ranks() - strategy_spec(config.strategy).extra_ranks(config.sync.servers), 1) \
         if runtime.total_ranks() > 1 else 1
-    config = recipe.resolve(config, workers)     # batch_size: the per-rank micro-batch
+    asked_accum = config.grad_accum
+    # batch_size: the per-rank micro-batch; a resume keeps the global batch (grad_accum re-chosen if it must)
+    config = recipe.resolve(config, workers, resuming=bool(config.reliability.checkpoint_dir) and (
+        config.reliability.resume or restart_attempt() > 0))
+    if config.grad_accum != asked_accum:
+        runtime.print0(f"note: --grad-accum {asked_accum} does not divide the global batch of "
+                       f"{config.global_batch_size} among {workers} workers; using --grad-accum {config.grad_accum} "
+                       f"(micro-batches of {config.batch_size}), the same training")
     if config.label_smoothing and data.task != "classification":
         raise ConfigError("label_smoothing", f"applies to classification; {data.name} is a {data.task} task")
     trackers = tracking.trackers(config.tracking, runtime.rank())   # a missing library fails here, before training
@@ -64,8 +71,11 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     distributed = runtime.is_distributed()
     torch.manual_seed(config.seed * 1000 + runtime.rank())  # per-rank dropout and augmentation
     scaler = torch.amp.GradScaler(device.type) if config.amp == "fp16" else None
+    # with --global-batch-size the sample order is a function of (seed, epoch, step) only: a resume
+    # on another worker count trains the same samples at every step
     sampler = ShardSampler(len(data.train), rank=strategy.worker_rank, world_size=strategy.workers,
-                           seed=config.seed, policy=config.sharding)
+                           seed=config.seed, policy=config.sharding,
+                           global_batch=config.global_batch_size if config.global_batch_size else 0)
     on_device = config.data_on_device == "yes" or (config.data_on_device == "auto" and device.type == "cuda")
     loader = ShardLoader(data.train, sampler, config.batch_size, device, workers=config.loader_workers,
                          on_device=on_device, channels_last=config.channels_last)
@@ -101,7 +111,12 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     if options.checkpoint_dir:
         state.checkpointer = Checkpointer(options, strategy=strategy, strategy_name=config.strategy,
                                           optimizer=optimizer, scaler=scaler, fingerprint=fingerprint, record=record,
-                                          info=info, max_steps=config.steps, epochs=epochs)
+                                          info=info, max_steps=config.steps, epochs=epochs, seed=config.seed,
+                                          elastic=checkpoint_elastic.section(
+                                              config, workers=strategy.workers,
+                                              servers=runtime.total_ranks() - strategy.workers if distributed else 0,
+                                              train_samples=len(data.train),
+                                              resize_rule=checkpoint_elastic.rule(strategy.spec)))
         # a restart whose rank 0 moved to a node without the checkpoints must not start from step 0
         storage.check_shared(options.checkpoint_dir, attempt=info["attempt"],
                              max_restarts=storage.restarts_allowed(options.max_restarts))
@@ -109,6 +124,8 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
         state.step, state.epoch = state.checkpointer.step, state.checkpointer.epoch
         if schedule is not None:
             schedule.jump_to(state.step)  # the optimizer's restored lr is the saved step's; the next is this
+    from ddtrain.reliability.ownership import note_membership  # every (re)start's world size, across restarts (docs/ELASTIC.md)
+    record["membership"] = note_membership(options.checkpoint_dir, step=state.step, world_size=runtime.total_ranks(), attempt=info["attempt"], resumed=info["resumed_from"] is not None, write=runtime.rank() == 0)
     for hook in bound(callbacks, "on_train_begin"):
         hook(state)
     # a wait that times out names the step, the operation and the ranks that are elsewhere

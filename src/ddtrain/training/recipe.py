@@ -37,7 +37,9 @@ def per_rank_batch(config: TrainConfig, workers: int) -> int:
     if config.global_batch_size % parts:
         raise ConfigError("global_batch_size", f"{config.global_batch_size} does not divide into {workers} worker(s) "
                           f"x --grad-accum {config.grad_accum} = {parts} equal micro-batches "
-                          f"(nearest that do: {_near(config.global_batch_size, parts)})")
+                          f"(nearest that do: {_near(config.global_batch_size, parts)}; worker counts that divide "
+                          f"it with --grad-accum {config.grad_accum}: "
+                          f"{_listed(worker_counts(config.global_batch_size, config.grad_accum))})")
     return config.global_batch_size // parts
 
 
@@ -46,14 +48,52 @@ def _near(total: int, parts: int) -> str:
     return ", ".join(str(v) for v in (low, low + parts) if v > 0)
 
 
+def _listed(values: list[int], most: int = 12) -> str:
+    return ", ".join(map(str, values[:most])) + (", ..." if len(values) > most else "")
+
+
+def worker_counts(global_batch: int, grad_accum: int = 1) -> list[int]:
+    """The worker counts R for which ``global_batch`` splits into R x ``grad_accum`` equal micro-batches."""
+    return [r for r in range(1, global_batch // grad_accum + 1) if global_batch % (r * grad_accum) == 0]
+
+
+def grad_accum_for(global_batch: int, workers: int, grad_accum: int) -> int | None:
+    """The gradient accumulation that keeps ``global_batch`` on ``workers`` ranks (a resume at another size).
+
+    ``grad_accum`` itself when ``workers x grad_accum`` divides the global batch; else the
+    smallest larger value that does (per-rank micro-batches no larger than asked), else the
+    largest smaller one; None when ``workers`` does not divide the global batch at all.
+    """
+    if global_batch % workers:
+        return None
+    fits = [k for k in range(1, global_batch // workers + 1) if global_batch % (workers * k) == 0]
+    larger = [k for k in fits if k >= grad_accum]
+    return larger[0] if larger else fits[-1]
+
+
 def global_batch(config: TrainConfig, workers: int) -> int:
     """Samples per optimizer update over all workers."""
     return per_rank_batch(config, workers) * workers * config.grad_accum
 
 
-def resolve(config: TrainConfig, workers: int) -> TrainConfig:
-    """``config`` with ``batch_size`` the per-rank micro-batch (what the results record stores)."""
+def resolve(config: TrainConfig, workers: int, resuming: bool | None = None) -> TrainConfig:
+    """``config`` with ``batch_size`` the per-rank micro-batch (what the results record stores).
+
+    ``resuming`` (default: ``--resume``): a run that continues a checkpoint keeps its global
+    batch on any worker count that divides it, with the gradient accumulation ``grad_accum_for``
+    chooses where ``--grad-accum`` does not fit (``fit`` says so in one line); a worker count
+    that does not divide the global batch is refused, naming those that do.
+    """
     import dataclasses
+    resuming = config.reliability.resume if resuming is None else resuming
+    total, k = config.global_batch_size, config.grad_accum
+    if total and resuming and total % (workers * k):
+        fits = grad_accum_for(total, workers, k)
+        if fits is None:
+            raise ConfigError("global_batch_size", f"{total} samples cannot be shared by {workers} worker(s), so a "
+                              f"resume on {workers} cannot keep the run's global batch; worker counts that can: "
+                              f"{_listed(worker_counts(total))}")
+        config = dataclasses.replace(config, grad_accum=fits)
     batch = per_rank_batch(config, workers)
     return config if batch == config.batch_size else dataclasses.replace(config, batch_size=batch)
 

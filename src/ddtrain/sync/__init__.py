@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from ddtrain.dist import runtime
 from ddtrain.errors import DDTrainError, choice_error
-from ddtrain.sync.allreduce import AllReduceStrategy
+from ddtrain.sync.allreduce import AllReduceStrategy, build_ddp
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats, single_process
 from ddtrain.sync.ddp import DDPStrategy
 from ddtrain.sync.hybrid import HybridStrategy
@@ -38,10 +38,10 @@ def register_strategy(spec: StrategySpec) -> StrategySpec:
 
 
 for _spec in (
-    StrategySpec(name="ddp", build=DDPStrategy, summary="DDP with the backend's own all-reduce (the default)",
-                 sync_in_backward=True, algorithm="native"),
+    StrategySpec(name="ddp", build=build_ddp, summary="DDP with the backend's own all-reduce (the default)",
+                 sync_in_backward=True, algorithm="native", options=("compression",)),
     *(StrategySpec(name=name, build=partial(AllReduceStrategy, algorithm=name), sync_in_backward=True, algorithm=name,
-                   summary=f"DDP with ddtrain's {name} all-reduce as its communication hook")
+                   options=("compression",), summary=f"DDP with ddtrain's {name} all-reduce as its communication hook")
       for name in ("ring", "ring-async", "tree", "butterfly", "central")),
     StrategySpec(name="ps-sync", build=partial(build_param_server, asynchronous=False), uses_servers=True,
                  options=("servers", "timeout_s"),
@@ -77,6 +77,9 @@ def wrap(strategy: str, model, optimizer, options: SyncOptions | None = None) ->
         # replicas that step apart (local SGD) or workers whose sync is the servers' have no such step
         raise DDTrainError(f"sync_batchnorm=True is not supported with strategy {strategy!r}: it needs a "
                            f"DDP-based strategy ({', '.join(n for n, s in STRATEGIES.items() if s.sync_in_backward)})")
+    if options.compression != "none" and not spec.takes_option("compression"):
+        raise DDTrainError(f"compression {options.compression!r} is not supported with strategy {strategy!r}: it "
+                           f"compresses gradients, which only {', '.join(n for n, s in STRATEGIES.items() if s.takes_option('compression'))} send")
     if dist.is_initialized() and dist.get_world_size() > 1:
         applied = spec.build(model, optimizer, options)
     else:

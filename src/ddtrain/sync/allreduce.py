@@ -5,6 +5,11 @@ filled them -- and the communication hook reduces each bucket with one of our al
 ``all_reduce(bucket, algorithm, op="avg")``, so every replica gets the same bits. Traffic is
 counted by the algorithms themselves (method "counted"); ``comm_wait_s`` is the time inside
 the algorithm, on the communication thread for CPU tensors, so part of it overlaps backward.
+
+With ``--compression`` (``ddtrain.comm.compression``) the hook hands each bucket to the
+compressor instead, which compresses it, reduces the compressed tensors with the same
+algorithm and decompresses into the bucket; ``ddp`` with compression is this hook over the
+``native`` all-reduce (``build_ddp``). The counters then hold the compressed bytes.
 """
 from __future__ import annotations
 
@@ -15,9 +20,10 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 
 from ddtrain import comm
+from ddtrain.comm import compression
 from ddtrain.sync.accounting import Ledger
 from ddtrain.sync.base import Strategy, SyncOptions
-from ddtrain.sync.ddp import ddp_model
+from ddtrain.sync.ddp import DDPStrategy, ddp_model
 from ddtrain.sync.divergence import DivergenceMonitor
 
 
@@ -52,11 +58,12 @@ class CommThread:
 
 
 class HookState:
-    """What the hook needs: the algorithm, the group, the ledger, and the communication thread."""
+    """What the hook needs: the algorithm, the compressor (or None), the group, the ledger, the communication thread."""
 
-    def __init__(self, algorithm: str, group=None, ledger: Ledger | None = None):
+    def __init__(self, algorithm: str, group=None, ledger: Ledger | None = None, compression_spec: str = "none"):
         self.algorithm, self.group = algorithm, group
-        self.ledger = ledger or Ledger((algorithm,))
+        self.compressor = compression.build(compression_spec)   # per model: it keeps per-bucket state
+        self.ledger = ledger or Ledger(compression.collective_operations(compression_spec, algorithm))
         self.buckets = 0
         self._executor = None
         self._lock = threading.Lock()
@@ -67,10 +74,14 @@ class HookState:
                 self._executor = CommThread.acquire()
             return self._executor
 
-    def reduce_(self, buffer: torch.Tensor) -> torch.Tensor:
+    def reduce_(self, buffer: torch.Tensor, shapes=None, key: int = 0, last: bool = True) -> torch.Tensor:
         start = time.perf_counter()
         try:
-            comm.all_reduce(buffer, self.algorithm, op="avg", group=self.group)
+            if self.compressor is None:
+                comm.all_reduce(buffer, self.algorithm, op="avg", group=self.group)
+            else:
+                self.compressor.all_reduce_(buffer, shapes, algorithm=self.algorithm, group=self.group, key=key,
+                                            last=last)
         finally:
             self.ledger.wait_s += time.perf_counter() - start
             self.buckets += 1
@@ -96,15 +107,18 @@ def allreduce_hook(state: HookState, bucket):  # returns torch.futures.Future[to
     writes the averaged gradients.
     """
     buffer = bucket.buffer()
+    # what a compressor needs to know of the bucket, read here: the bucket object is DDP's, valid during the call
+    shapes = [g.shape for g in bucket.gradients()] if state.compressor is not None else None
+    where = (shapes, bucket.index(), bucket.is_last())
     if buffer.device.type == "cuda":
         future = torch.futures.Future(devices=[buffer.device])
-        future.set_result(state.reduce_(buffer))
+        future.set_result(state.reduce_(buffer, *where))
         return future
     future = torch.futures.Future()
 
     def run():
         try:
-            future.set_result(state.reduce_(buffer))
+            future.set_result(state.reduce_(buffer, *where))
         except BaseException as exc:  # handed to DDP, which raises it in the training thread
             future.set_exception(exc)
 
@@ -114,7 +128,7 @@ def allreduce_hook(state: HookState, bucket):  # returns torch.futures.Future[to
 
 def hooked_ddp(model, options: SyncOptions, algorithm: str, ledger: Ledger | None = None):
     """(DDP-wrapped ``model`` whose buckets are averaged with ``algorithm``, its HookState)."""
-    state = HookState(algorithm, None, ledger)
+    state = HookState(algorithm, None, ledger, options.compression)
     return ddp_model(model, options, comm_hook=allreduce_hook, hook_state=state), state
 
 
@@ -123,14 +137,23 @@ class AllReduceStrategy(Strategy):
 
     def __init__(self, model, optimizer, options: SyncOptions, *, algorithm: str):
         ddp, self.hook = hooked_ddp(model, options, algorithm)
+        self.compression = options.compression
         super().__init__(ddp, optimizer, module=model)
         self.monitor = DivergenceMonitor(model, self.stats, None, options.check_every)
 
     def update_stats(self) -> None:
         self.hook.ledger.fill(self.stats)
         self.stats.extra["buckets_reduced"] = self.hook.buckets
+        self.stats.extra["compression"] = self.compression
         self.stats.extra["comm_wait_note"] = ("time inside the all-reduce; on CPU it runs on a communication "
                                              "thread and overlaps the backward pass")
 
     def close(self) -> None:
         self.hook.close()
+
+
+def build_ddp(model, optimizer, options: SyncOptions):
+    """``ddp``: DDP's own all-reduce, or with ``--compression`` the compression hook over the ``native`` all-reduce."""
+    if options.compression == "none":
+        return DDPStrategy(model, optimizer, options)
+    return AllReduceStrategy(model, optimizer, options, algorithm="native")

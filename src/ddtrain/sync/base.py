@@ -14,6 +14,7 @@ import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
+from ddtrain.comm import compression
 from ddtrain.dist import runtime
 
 ASYNC_RULES = ("dana", "staleness", "lr-staleness", "momentum", "momentum-subtract", "lr-workers", "lr-staleness-momentum",
@@ -36,6 +37,7 @@ class SyncOptions:
     sync_batchnorm: bool = False           # convert BatchNorm layers to SyncBatchNorm (DDP-based strategies, CUDA)
     check_every: int = 0             # steps between replica-divergence checks (0: at epoch ends only)
     timeout_s: float | None = None   # ps-*: seconds a rank waits on a peer (None: ddtrain.init()'s timeout)
+    compression: str = "none"        # gradient compression: none, fp16, bf16, powersgd:RANK[:WARMUP_STEPS], topk:FRACTION (docs/ALGORITHMS.md)
 
     @property
     def broadcast_buffers(self) -> bool:
@@ -57,6 +59,7 @@ class SyncOptions:
             raise ValueError(f"check_every must be >= 0, got {self.check_every}")
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
+        compression.check_spec(self.compression)   # ValueError("compression ...") naming what is wrong
 
 
 @dataclass

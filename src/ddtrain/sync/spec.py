@@ -12,7 +12,7 @@ from typing import Callable
 
 # SyncOptions fields that only some strategies read (their specs list them in ``options``); the
 # rest (the DDP options, check_every) are accepted by every strategy.
-STRATEGY_SPECIFIC = frozenset({"sync_every", "servers", "staleness", "timeout_s"})
+STRATEGY_SPECIFIC = frozenset({"sync_every", "servers", "staleness", "timeout_s", "compression"})
 
 
 @dataclass(frozen=True, kw_only=True)

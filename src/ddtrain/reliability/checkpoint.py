@@ -488,7 +488,8 @@ class Checkpointer:
             raise DDTrainError(f"checkpoint {header.get('path')} has {len(parts)} per-rank parts and no elastic "
                                "section: it resumes only at its own world size")
         return checkpoint_elastic.reshape(parts, shared, elastic=theirs, workers=self.elastic["workers"],
-                                          seed=self.seed, step=header["step"], capture=rng_state)
+                                          seed=self.seed, step=header["step"], capture=rng_state,
+                                          apply=set_rng_state)
 
     def enter_epoch(self, epoch: int, meter) -> tuple[int, float]:
         """(steps of ``epoch`` already trained, the seconds they took): non-zero only in a resumed epoch."""

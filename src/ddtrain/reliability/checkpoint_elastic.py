@@ -95,8 +95,12 @@ def check(header: dict, fingerprint: dict, now: dict | None, path) -> bool:
     return True
 
 
-def derived_rng(seed: int, step: int, rank: int, capture) -> dict:
-    """RNG states for a rank a checkpoint has no part for, seeded from (seed, step, rank); ``capture`` reads them."""
+def derived_rng(seed: int, step: int, rank: int, capture, apply) -> dict:
+    """RNG states for a rank a checkpoint has no part for, seeded from (seed, step, rank).
+
+    ``capture()`` reads this process's states and ``apply(states)`` sets them
+    (``checkpoint.rng_state`` and ``set_rng_state``); this process's own are put back.
+    """
     saved = capture()
     value = (seed * 1_000_003 + step) * 1000 + rank
     torch.manual_seed(value)
@@ -109,8 +113,7 @@ def derived_rng(seed: int, step: int, rank: int, capture) -> dict:
     try:
         return capture()
     finally:
-        from ddtrain.reliability.checkpoint import set_rng_state
-        set_rng_state(saved)
+        apply(saved)
 
 
 def merged_state(states: list[dict], how: str) -> dict:
@@ -131,7 +134,7 @@ def merged_state(states: list[dict], how: str) -> dict:
 
 
 def reshape(parts: list[dict], shared, *, elastic: dict, workers: int, seed: int, step: int,
-            capture) -> list[tuple]:
+            capture, apply) -> list[tuple]:
     """(shared, part) for each rank of a world of ``workers`` workers (+ the same servers) from a checkpoint's parts.
 
     Workers come first, then the servers (``dist.launch``'s layout). Rank 0 gets the epoch's
@@ -152,7 +155,7 @@ def reshape(parts: list[dict], shared, *, elastic: dict, workers: int, seed: int
         if r < was:
             part = {**worker_parts[r]}
         else:
-            rng = derived_rng(seed, step, r, capture)
+            rng = derived_rng(seed, step, r, capture, apply)
             part = {**worker_parts[0], "rng": rng, "rng_epoch": rng}
         part["meter"] = meter if r == 0 else torch.zeros_like(meter)
         if state is not None:

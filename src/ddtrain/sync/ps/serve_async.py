@@ -8,8 +8,10 @@ is applied only if the outstanding ones, applied oldest first afterwards, stay w
 oldest is always applicable, so nothing deadlocks). The realised staleness of every update is
 recorded (``staleness_histogram``, ``staleness_max``) and never exceeds K.
 
-By default (``SyncOptions.async_rule = "staleness"``) each update's step size is divided by
-``1 + staleness`` and the explicit momentum lowered by the momentum asynchrony adds
+By default (``SyncOptions.async_rule = "dana"``, DANA-Zero) each update's step size is divided
+by the number of workers, each worker's gradients go into a momentum buffer of its own, and a
+worker is sent look-ahead parameters (``ServerCore.lookahead``) instead of the current ones;
+``"staleness"`` divides the step by ``1 + staleness`` and lowers the momentum instead
 (``server.staleness_rule``; docs/ALGORITHMS.md has the reasons and the measurement);
 ``async_rule = "plain"`` applies every gradient with the workers' hyper-parameters as they are.
 """

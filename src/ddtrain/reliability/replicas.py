@@ -90,8 +90,8 @@ class ReplicaCheck:
         message = describe_mismatch(step, diffs, self.group)
         if self.on_mismatch == "stop":
             cls = ReplicaMismatch if runtime.rank() == 0 else PeerStopped
-            raise cls(message + "; stopping (on_mismatch='rebroadcast', --on-mismatch rebroadcast, would copy "
-                      "rank 0's parameters instead)")
+            raise cls(message + "; stopping (--on-mismatch rebroadcast, or fit(..., on_mismatch='rebroadcast'), "
+                      "copies rank 0's parameters to every rank and goes on instead)")
         rebroadcast_(self.module, self.group)
         self.info["rebroadcasts"].append(step)
         if runtime.rank() == 0:

@@ -37,6 +37,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout-s", type=float, default=3600.0, help="stop the job after this many seconds")
     parser.add_argument("--max-restarts", type=int, default=0,
                         help="every node's agent restarts all workers this often after one fails (c10d rendezvous)")
+    parser.add_argument("--min-nodes", type=int, default=None,
+                        help="elastic membership: the job goes on while at least this many nodes are left (their "
+                             "agents re-form it at the new size, resuming from the last checkpoint: give the command "
+                             "--checkpoint-dir); implies --max-restarts of at least --nodes minus this; node 0 hosts "
+                             "the rendezvous and must stay")
     parser.add_argument("--traffic-out", default=None,
                         help="also write the per-node traffic (and samples) as JSON to this file")
     parser.add_argument("--traffic-interval", type=float, default=0.0,
@@ -64,6 +69,13 @@ def main(args) -> int:
     if args.nodes < 1 or args.procs_per_node < 1:
         raise DDTrainError(f"--nodes and --procs-per-node must be at least 1, got {args.nodes} and "
                            f"{args.procs_per_node}")
+    max_restarts = args.max_restarts
+    if args.min_nodes is not None:
+        if args.slurm:
+            raise DDTrainError("--min-nodes is for the node agents of ddtrain cluster run, not --slurm")
+        if not 1 <= args.min_nodes <= args.nodes:
+            raise DDTrainError(f"--min-nodes must be in 1..{args.nodes} (--nodes), got {args.min_nodes}")
+        max_restarts = max(max_restarts, args.nodes - args.min_nodes)  # one restart per node that may be lost
     if args.traffic_interval < 0:
         raise DDTrainError(f"--traffic-interval must be >= 0, got {args.traffic_interval}")
     link_bps = netns.parse_rate(args.link)
@@ -77,7 +89,11 @@ def main(args) -> int:
             else:
                 result = run_in_cluster(cluster, command, procs_per_node=args.procs_per_node,
                                         timeout_s=args.timeout_s, sample_s=args.traffic_interval,
-                                        max_restarts=args.max_restarts)
+                                        max_restarts=max_restarts, min_nodes=args.min_nodes)
+                if result.lost_nodes:
+                    print(f"# lost node(s) {', '.join(map(str, result.lost_nodes))} (agent exit status "
+                          f"{', '.join(str(result.node_returncodes[i]) for i in result.lost_nodes)}); the job went "
+                          f"on with the other {args.nodes - len(result.lost_nodes)}", flush=True)
             print(result.traffic_table(), flush=True)
             if args.traffic_out:
                 _write_json(args.traffic_out, {"cluster": _describe(cluster, args, command), **result.to_dict()})

@@ -17,6 +17,7 @@ import torch
 from ddtrain.cli.args import add_dataclass_arguments, config_from_args, reparse_with_defaults
 from ddtrain.config import read_config_file, read_record_config, to_argv
 from ddtrain.dist import launch, runtime
+from ddtrain.dist.config import size_range
 from ddtrain.dist.env import check_nproc
 from ddtrain.errors import DDTrainError
 from ddtrain.observe import profiler
@@ -26,8 +27,11 @@ from ddtrain.training.build import load_and_build, validate
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--nproc", type=int, default=None,
-                   help="local worker processes to start (ignored under a launcher; default 1, or the replayed run's)")
+    p.add_argument("--nproc", default=None,
+                   help="local worker processes to start, or MIN:MAX: start MAX and go on with fewer (down to MIN) "
+                        "from the last checkpoint when workers are lost (needs --checkpoint-dir and "
+                        "--global-batch-size; docs/ELASTIC.md); ignored under a launcher; default 1, or the "
+                        "replayed run's")
     p.add_argument("--config", metavar="FILE", default=None,
                    help="read settings from a TOML (or YAML) file whose keys are these flags' names; flags override it")
     p.add_argument("--config-from", metavar="RESULTS.json", default=None,
@@ -47,14 +51,15 @@ def resolve(args) -> tuple:
         defaults.update(read_config_file(args.config))
     if defaults:
         args = reparse_with_defaults(add_arguments, getattr(args, "argv", []), defaults)
-    return config_from_args(args, defaults), (args.nproc if args.nproc is not None else nproc or 1)
+    config = config_from_args(args, defaults)
+    return config, size_range(args.nproc if args.nproc is not None else nproc or 1, "nproc")
 
 
 def main(args) -> int:
     if args.script:
         raise DDTrainError(f"ddtrain train takes flags, not a script ({args.script!r}); to start N workers running "
                            f"your own script use: ddtrain run --nproc N {args.script} ARGS...")
-    config, args.nproc = resolve(args)
+    config, (args.min_nproc, args.nproc) = resolve(args)
     if warning := check_nproc(args.nproc):  # refuses inside a started world, warns in an sbatch shell
         print(f"ddtrain: warning: {warning}", file=sys.stderr, flush=True)
     if launch.inside_launcher():
@@ -80,10 +85,69 @@ def main(args) -> int:
     if config.dist.backend == "nccl" and torch.cuda.device_count() < args.nproc:
         raise DDTrainError(f"--backend nccl needs a GPU per worker: {args.nproc} workers, "
                            f"{torch.cuda.device_count()} GPU(s) visible")
-    if config.dist.nnodes > 1:  # the launchers of all nodes are one run (one checkpoint directory and lineage)
+    elastic_nodes = config.dist.min_nodes < config.dist.max_nodes
+    if elastic_nodes and not config.reliability.max_restarts:
+        raise DDTrainError(f"--nnodes {config.dist.nnodes} needs --max-restarts of at least 1: torchrun's agents "
+                           f"re-form the job at the new size by restarting the workers")
+    if (elastic_nodes or args.min_nproc < args.nproc) and not config.reliability.checkpoint_dir:
+        flag = f"--nnodes {config.dist.nnodes}" if elastic_nodes else f"--nproc {args.min_nproc}:{args.nproc}"
+        raise DDTrainError(f"{flag} needs --checkpoint-dir DIR: after a change of size the workers go on from "
+                           f"the last checkpoint written there")
+    if elastic_nodes:  # every node count in MIN..MAX must be able to share the global batch
+        sizes = elastic_sizes(config, config.dist.min_nodes * args.nproc, config.dist.max_nodes * args.nproc, servers,
+                              flag=f"--nnodes {config.dist.nnodes} with --nproc {args.nproc}")
+        short = [k for k in range(config.dist.min_nodes, config.dist.max_nodes + 1) if k * args.nproc not in sizes]
+        if short:
+            raise DDTrainError(f"--nnodes {config.dist.nnodes}: --global-batch-size {config.global_batch_size} cannot "
+                               f"be shared by {', '.join(map(str, short))} node(s) of {args.nproc} workers; world "
+                               f"sizes that can: {', '.join(map(str, sorted(sizes)))}")
+    if config.dist.max_nodes > 1:  # the launchers of all nodes are one run (one checkpoint directory and lineage)
         from ddtrain.dist.env import share_run_id
         share_run_id(config.dist.rdzv_endpoint)
+    if args.min_nproc < args.nproc:
+        if config.dist.max_nodes > 1:
+            raise DDTrainError(f"--nproc {args.min_nproc}:{args.nproc} is for one machine; across nodes give the "
+                               f"range of nodes instead (--nnodes MIN:MAX) and --nproc the workers of each")
+        sizes = elastic_sizes(config, args.min_nproc, args.nproc, servers)
+        validate(config, sizes[0] - servers)
+        return launch.run_elastic(sizes, ["train", *to_argv(config)], max_restarts=config.reliability.max_restarts,
+                                  limits=(args.min_nproc, args.nproc))
     validate(config, args.nproc - servers)
-    nodes = (config.dist.nnodes, config.dist.node_rank, config.dist.rdzv_endpoint) if config.dist.nnodes > 1 else None
+    nodes = (config.dist.nnodes, config.dist.node_rank, config.dist.rdzv_endpoint) if config.dist.max_nodes > 1 \
+        else None
     return launch.run_local(args.nproc, ["train", *to_argv(config)], max_restarts=config.reliability.max_restarts,
                             nodes=nodes)
+
+
+def elastic_sizes(config, least: int, most: int, servers: int = 0, flag: str | None = None) -> list[int]:
+    """The world sizes in ``least..most`` this run can train at with its global batch unchanged, largest first.
+
+    A resize keeps ``--global-batch-size`` (``--grad-accum`` re-chosen where it must be), so a
+    size whose workers cannot share the global batch is skipped; none at all is refused, naming
+    the sizes that would do.
+    """
+    from ddtrain.errors import ConfigError
+    from ddtrain.training import recipe
+    flag = flag or f"--nproc {least}:{most}"
+    if not config.global_batch_size:
+        raise DDTrainError(f"{flag} needs --global-batch-size: without it the global batch is "
+                           f"--batch-size x workers and would change with every resize (so would the training)")
+    if least - servers < 1:
+        raise DDTrainError(f"{flag}: --strategy {config.strategy} has {servers} server rank(s), so "
+                           f"MIN must be at least {servers + 1} (one worker)")
+
+    def fits(workers: int, resuming: bool) -> bool:
+        try:
+            recipe.resolve(config, workers, resuming=resuming)
+        except ConfigError:
+            return False
+        return True
+    # the first attempt runs the flags as given; later ones resume, and may re-choose --grad-accum
+    sizes = [n for n in range(most, least - 1, -1) if fits(n - servers, resuming=n != most)]
+    if sizes and sizes[0] != most or not sizes:
+        would = [n for n in range(1, 4 * most + 1) if fits(n - servers, resuming=True)][:12]
+        what = "runs on none of them" if not sizes else f"cannot start on {most}"
+        raise DDTrainError(f"{flag}: --global-batch-size {config.global_batch_size} "
+                           f"(--grad-accum {config.grad_accum}) {what}; world sizes that can share it: "
+                           f"{', '.join(map(str, would)) or 'none'}")
+    return sizes

@@ -125,6 +125,7 @@ class RunResult:
     traffic: list[NodeTraffic] = field(default_factory=list)
     # (seconds since start, [(bytes sent, bytes received) per node] since start), if sampled
     samples: list[tuple[float, list[tuple[int, int]]]] = field(default_factory=list)
+    lost_nodes: list[int] = field(default_factory=list)   # nodes whose agent failed while the job went on (min_nodes)
 
     def traffic_table(self) -> str:
         """Per-node bytes and average rates over the whole job (startup included)."""
@@ -142,27 +143,33 @@ class RunResult:
 
     def to_dict(self) -> dict:
         return {"returncode": self.returncode, "node_returncodes": self.node_returncodes,
-                "wall_s": self.wall_s, "traffic": [vars(t) for t in self.traffic],
+                "wall_s": self.wall_s, "lost_nodes": self.lost_nodes, "traffic": [vars(t) for t in self.traffic],
                 "samples": [{"t_s": t, "bytes_sent": [s for s, _ in nodes], "bytes_received": [r for _, r in nodes]}
                             for t, nodes in self.samples]}
 
 
 def node_argv(cluster: netns.Cluster, node: netns.Node, procs_per_node: int, command: list[str],
-              master_port: int = MASTER_PORT, max_restarts: int = 0) -> list[str]:
+              master_port: int = MASTER_PORT, max_restarts: int = 0, min_nodes: int | None = None) -> list[str]:
     """The command line that starts ``node``'s agent inside its namespace.
 
     Without restarts: the static rendezvous (node ranks as the nodes are numbered). With
     ``max_restarts``: torchrun's c10d rendezvous hosted by node 0's agent (``is_host`` said, as
-    the namespaces' hostnames tell torch nothing), every attempt a fresh store (node_env).
+    the namespaces' hostnames tell torch nothing), every attempt a fresh store (node_env). With
+    ``min_nodes`` below the node count, ``--nnodes MIN:MAX``: the agents re-form the job without a
+    lost node (elastic membership; node 0 hosts the rendezvous and must stay).
     """
+    nnodes = str(len(cluster.nodes))
     if max_restarts:
         rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{cluster.master_addr}:{master_port}",
                       "--rdzv-id", cluster.run_id, "--rdzv-conf", f"is_host={str(node.index == 0).lower()}"]
+        if min_nodes is not None and min_nodes < len(cluster.nodes):
+            from ddtrain.dist.launch import elastic_conf
+            nnodes, rendezvous = f"{min_nodes}:{len(cluster.nodes)}", elastic_conf(rendezvous)
     else:
         rendezvous = ["--node-rank", str(node.index), "--rdzv-backend", "static",
                       "--master-addr", cluster.master_addr, "--master-port", str(master_port)]
     return ["ip", "netns", "exec", node.namespace, sys.executable, "-m", "ddtrain.cluster.node",
-            "--nnodes", str(len(cluster.nodes)), "--nproc-per-node", str(procs_per_node), *rendezvous,
+            "--nnodes", nnodes, "--nproc-per-node", str(procs_per_node), *rendezvous,
             "--local-addr", node.address, "--max-restarts", str(max_restarts), "--monitor-interval", "0.2",
             *target_argv(command)]
 
@@ -192,7 +199,7 @@ def node_env(cluster: netns.Cluster, node: netns.Node, procs_per_node: int, extr
 
 def run_in_cluster(cluster: netns.Cluster, command: list[str], *, procs_per_node: int = 1,
                    timeout_s: float = 3600.0, env: dict | None = None, stdout=None, stderr=None,
-                   sample_s: float = 0.0, max_restarts: int = 0) -> RunResult:
+                   sample_s: float = 0.0, max_restarts: int = 0, min_nodes: int | None = None) -> RunResult:
     """Run ``command`` as ``procs_per_node`` ranks on every node; wait, stop everything, measure.
 
     ``stdout``/``stderr`` are file objects for the ranks' output (default: ours). The job ends
@@ -200,6 +207,9 @@ def run_in_cluster(cluster: netns.Cluster, command: list[str], *, procs_per_node
     ``timeout_s`` (status 124). Every process in the node namespaces is gone on return.
     ``sample_s`` > 0 also records every node's byte counters that often (traffic over time).
     ``max_restarts`` > 0 lets every node's agent restart all workers that often after a failure.
+    ``min_nodes`` below the node count (with ``max_restarts``) makes the job elastic: a node whose
+    agent fails is lost, not fatal, while at least ``min_nodes`` agents run or have finished; the
+    others re-form the job without it (``RunResult.lost_nodes`` names it).
     """
     if procs_per_node < 1:
         raise DDTrainError(f"--procs-per-node must be at least 1, got {procs_per_node}")
@@ -207,7 +217,14 @@ def run_in_cluster(cluster: netns.Cluster, command: list[str], *, procs_per_node
         raise DDTrainError(f"timeout must be positive, got {timeout_s}")
     if max_restarts < 0:
         raise DDTrainError(f"--max-restarts must be >= 0, got {max_restarts}")
-    argvs = [node_argv(cluster, node, procs_per_node, command, max_restarts=max_restarts) for node in cluster.nodes]
+    if min_nodes is not None and not 1 <= min_nodes <= len(cluster.nodes):
+        raise DDTrainError(f"--min-nodes must be in 1..{len(cluster.nodes)} (--nodes), got {min_nodes}")
+    if min_nodes is not None and min_nodes < len(cluster.nodes) and not max_restarts:
+        raise DDTrainError("--min-nodes below --nodes needs --max-restarts of at least 1 (the agents re-form the "
+                           "job by restarting the workers)")
+    least = len(cluster.nodes) if min_nodes is None else min_nodes
+    argvs = [node_argv(cluster, node, procs_per_node, command, max_restarts=max_restarts, min_nodes=min_nodes)
+             for node in cluster.nodes]
     before = [netns.interface_bytes(node) for node in cluster.nodes]
     start = time.monotonic()
     procs: list[subprocess.Popen] = []
@@ -224,7 +241,7 @@ def run_in_cluster(cluster: netns.Cluster, command: list[str], *, procs_per_node
                 if codes[i] is None:
                     codes[i] = proc.poll()
             failed = [c for c in codes if c not in (None, 0)]
-            if failed:
+            if failed and len(codes) - len(failed) < least:
                 returncode = failed[0] if failed[0] > 0 else 128 - failed[0]
                 break
             if time.monotonic() > deadline:
@@ -246,7 +263,8 @@ def run_in_cluster(cluster: netns.Cluster, command: list[str], *, procs_per_node
                 proc.wait(timeout=5)
             codes[i] = proc.returncode
     wall_s = time.monotonic() - start
+    lost = [i for i, code in enumerate(codes) if code not in (None, 0)] if returncode == 0 else []
     after = [netns.interface_bytes(node) for node in cluster.nodes]
     traffic = [NodeTraffic(node.index, node.address, node.link_bps, a[1] - b[1], a[0] - b[0])
                for node, b, a in zip(cluster.nodes, before, after)]
-    return RunResult(returncode, codes, wall_s, traffic, samples)
+    return RunResult(returncode, codes, wall_s, traffic, samples, lost)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from ddtrain.errors import ConfigError
 
@@ -28,13 +28,33 @@ def default_timeout_s() -> float:
     return value
 
 
+def size_range(value, field: str, flag: str | None = None) -> tuple[int, int]:
+    """(MIN, MAX) of a size given as ``N`` or ``MIN:MAX`` (torchrun's ``--nnodes`` form); ConfigError otherwise.
+
+    ``N`` means exactly N (MIN = MAX = N). Checked before anything starts: whole numbers, MIN >= 1, MIN <= MAX.
+    """
+    flag = flag or "--" + field.replace("_", "-")
+    text = str(value).strip() if not isinstance(value, bool) else repr(value)
+    low, sep, high = text.partition(":")
+    if isinstance(value, bool) or not (low.strip().isdigit() and (not sep or high.strip().isdigit())):
+        raise ConfigError(field, f"must be a whole number N or a range MIN:MAX of whole numbers (e.g. 2:4), "
+                                 f"got {value!r}", flag=flag)
+    least, most = int(low), int(high) if sep else int(low)
+    if least < 1:
+        raise ConfigError(field, f"MIN must be at least 1, got {text!r}", flag=flag)
+    if least > most:
+        raise ConfigError(field, f"MIN {least} is more than MAX {most} in {text!r}; write MIN:MAX with MIN <= MAX",
+                          flag=flag)
+    return least, most
+
+
 @dataclass(kw_only=True)
 class DistConfig:
     """Process group settings."""
 
     backend: Optional[Literal["gloo", "nccl"]] = None   # override the backend choice (NCCL when every local rank has a GPU)
     timeout: float = DEFAULT_TIMEOUT_S                   # seconds any rank waits on another before failing
-    nnodes: int = 1                                      # nodes of a multi-node launch; run the same command on each
+    nnodes: Union[int, str] = 1                          # nodes of a multi-node launch (run the same command on each), or MIN:MAX for an elastic job that goes on with MIN..MAX nodes (needs --max-restarts)
     node_rank: int = 0                                   # this node's index, 0..nnodes-1 (without restarts; with --max-restarts the rendezvous assigns it)
     rdzv_endpoint: Optional[str] = None                  # HOST:PORT of node 0 for a multi-node launch (every node passes the same)
     skip_doctor: bool = False                            # skip comparing Python/torch/CUDA/NCCL across nodes at the start of a multi-node job
@@ -44,13 +64,22 @@ class DistConfig:
             raise ConfigError("backend", f"{self.backend!r} is not one of: gloo, nccl")
         if not isinstance(self.timeout, (int, float)) or not (self.timeout > 0 and math.isfinite(self.timeout)):
             raise ConfigError("timeout", f"must be a positive number of seconds, got {self.timeout!r}")
-        if not isinstance(self.nnodes, int) or self.nnodes < 1:
-            raise ConfigError("nnodes", f"must be at least 1, got {self.nnodes!r}")
-        if not isinstance(self.node_rank, int) or not 0 <= self.node_rank < self.nnodes:
-            raise ConfigError("node_rank", f"must be in 0..{self.nnodes - 1} for --nnodes {self.nnodes}, "
+        least, most = size_range(self.nnodes, "nnodes")
+        if not isinstance(self.node_rank, int) or not 0 <= self.node_rank < most:
+            raise ConfigError("node_rank", f"must be in 0..{most - 1} for --nnodes {self.nnodes}, "
                                            f"got {self.node_rank!r}")
-        if self.nnodes > 1:
+        if most > 1:
             host, _, port = (self.rdzv_endpoint or "").rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:
                 raise ConfigError("rdzv_endpoint", f"a multi-node launch needs HOST:PORT of node 0 (the same on "
                                                    f"every node), got {self.rdzv_endpoint!r}")
+
+    @property
+    def min_nodes(self) -> int:
+        """The fewest nodes the job goes on with (``--nnodes MIN:MAX``; ``N`` alone: N)."""
+        return size_range(self.nnodes, "nnodes")[0]
+
+    @property
+    def max_nodes(self) -> int:
+        """The most nodes the job runs on (``--nnodes MIN:MAX``; ``N`` alone: N)."""
+        return size_range(self.nnodes, "nnodes")[1]

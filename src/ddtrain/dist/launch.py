@@ -28,6 +28,8 @@ LAUNCH_ENV_MARKERS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK"
 PEER_STOPPED_EXIT = 4
 LOST_PEER_EXIT = 5       # a rank whose connection to a failed peer broke (cli._report_unexpected)
 LAUNCHER_PID_ENV = "DDTRAIN_LAUNCHER_PID"   # set by run_local for its workers (die_with_launcher)
+# Why the workers were (re)started at their size, for the membership record (reliability.ownership).
+MEMBERSHIP_REASON_ENV = "DDTRAIN_MEMBERSHIP_REASON"
 # torchrun's per-rank variables: in a process no torchrun started (no TORCHELASTIC_RUN_ID) they are stale.
 TORCHRUN_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
                       "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT",
@@ -114,8 +116,13 @@ def strip_option(argv: list[str], name: str) -> list[str]:
 
 
 def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict | None = None,
-              module: str = "ddtrain", nodes: tuple | None = None) -> int:
-    """Run ``python -m <module> <argv>`` as ``nproc`` ranks; the job's exit status (128 + N when signal N stopped it)."""
+              module: str = "ddtrain", nodes: tuple | None = None, outcome: dict | None = None) -> int:
+    """Run ``python -m <module> <argv>`` as ``nproc`` ranks; the job's exit status (128 + N when signal N stopped it).
+
+    With ``outcome`` (a dict) a failed job prints nothing: ``outcome`` gets its first cause
+    (``rank``, ``exitcode``, ``what``: a few words, ``line``: the line run_local would print) and
+    ``lost``, the ranks killed by a signal other than the agent's SIGTERM (run_elastic reads them).
+    """
     if nproc < 1:
         raise DDTrainError(f"--nproc must be at least 1, got {nproc}")
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -153,6 +160,8 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
     if nodes is not None:  # ddtrain train --nnodes N --node-rank I --rdzv-endpoint HOST:PORT (env.node_rendezvous)
         from ddtrain.dist.env import node_rendezvous
         rendezvous = node_rendezvous(*nodes, max_restarts=max_restarts)
+        if ":" in str(nodes[0]):  # --nnodes MIN:MAX: notice a lost node within seconds
+            rendezvous = elastic_conf(rendezvous)
     args = _torchrun_parser().parse_args(["--nnodes", "1", "--nproc-per-node", str(nproc), *rendezvous,
                        "--max-restarts", str(max_restarts), "--monitor-interval", "0.2",
                        *([] if logs is None else ["--log-dir", logs.root, "--redirects", "2"]),
@@ -163,6 +172,12 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
         failed = False
     except ChildFailedError as exc:
         rank, failure = cause(exc.failures)
+        if outcome is not None:
+            detail = logs.message(failure.local_rank)[0] if logs is not None else None
+            outcome.update(rank=rank, exitcode=failure.exitcode, line=failure_line(rank, failure, logs),
+                           what=describe_failure(rank, failure.exitcode, detail, logs is None).split(";")[0],
+                           lost=sorted(r for r, f in exc.failures.items() if _lost(f.exitcode)))
+            return failure.exitcode if failure.exitcode > 0 else 1
         print(failure_line(rank, failure, logs), file=sys.stderr, flush=True)
         return failure.exitcode if failure.exitcode > 0 else 1
     except SignalException as exc:  # torchrun's handler: it has stopped the workers with the same signal
@@ -176,6 +191,73 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
         if logs is not None:
             logs.close(keep=failed)
     return 0
+
+
+def _lost(exitcode: int) -> bool:
+    """A worker gone by a signal (SIGKILL: the OOM killer, kill -9; SIGSEGV...), not the agent's or the user's stop."""
+    return exitcode < 0 and -exitcode not in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+def run_elastic(sizes: list[int], argv: list[str], *, max_restarts: int = 0, env: dict | None = None,
+                module: str = "ddtrain", limits: tuple[int, int] | None = None) -> int:
+    """``ddtrain train --nproc MIN:MAX``: run on the largest of ``sizes``; a worker lost goes on with fewer.
+
+    Each attempt is one ``run_local`` at a fixed size. When workers are killed by a signal (the
+    OOM killer, ``kill -9``, a crash) the job starts again on the largest allowed size that the
+    survivors make up (``sizes`` holds the world sizes the configuration can run at, MIN..MAX), and
+    the workers resume from the last checkpoint (their attempt number continues:
+    DDTRAIN_ATTEMPT_BASE). Below the smallest size it stops. A worker that fails with an error
+    of its own is restarted at the same size while ``max_restarts`` allows (as run_local does).
+    Workers are never added back: a local launcher has no new machines to wait for.
+    """
+    from ddtrain.dist.rendezvous import ATTEMPT_BASE_ENV
+    sizes = sorted(set(sizes), reverse=True)
+    low, high = limits or (sizes[-1], sizes[0])
+    size, attempt, restarts, reason = sizes[0], 0, 0, ""
+    while True:
+        outcome: dict = {}
+        code = run_local(size, argv, env={**(env or {}), ATTEMPT_BASE_ENV: str(attempt), MEMBERSHIP_REASON_ENV: reason},
+                         module=module, outcome=outcome)
+        if not outcome:  # finished, or stopped by the user (Ctrl-C, SIGTERM): run_local said so
+            return code
+        attempt += 1
+        if outcome["lost"]:
+            left = size - len(outcome["lost"])
+            fits = [n for n in sizes if n <= left]
+            if not fits:
+                print(f"{outcome['line']}; {left} worker(s) left, fewer than the {low} that --nproc {low}:{high} "
+                      f"needs at least" + (f" (sizes this run can use: {', '.join(map(str, sorted(sizes)))})"
+                                           if len(sizes) < high - low + 1 else ""), file=sys.stderr, flush=True)
+                return code
+            reason = f"{outcome['what']}: world size {size} -> {fits[0]}"
+            print(f"ddtrain: {outcome['what']}; going on with {fits[0]} workers (--nproc {low}:{high}) from the "
+                  f"last checkpoint", file=sys.stderr, flush=True)
+            size = fits[0]
+            continue
+        if restarts >= max_restarts:
+            print(outcome["line"], file=sys.stderr, flush=True)
+            return code
+        restarts += 1
+        reason = f"{outcome['what']}: restart {restarts} of {max_restarts} at world size {size}"
+        print(f"ddtrain: {outcome['what']}; restarting all workers (restart {restarts} of {max_restarts})",
+              file=sys.stderr, flush=True)
+
+
+# torchrun's c10d rendezvous for --nnodes MIN:MAX. A node that stops sending heartbeats is dropped
+# after interval x attempts (5 s; torch's default is 15 s), and once MIN nodes are in, the others
+# get last_call more seconds to join (torch's default 30 s) before the job re-forms without them.
+ELASTIC_RDZV_CONF = {"last_call_timeout": "5", "keep_alive_interval": "1", "keep_alive_max_attempt": "5"}
+
+
+def elastic_conf(rendezvous: list[str], conf: dict | None = None) -> list[str]:
+    """torchrun rendezvous arguments with ELASTIC_RDZV_CONF added to ``--rdzv-conf`` (values given there win)."""
+    out, given = list(rendezvous), {}
+    if "--rdzv-conf" in out:
+        i = out.index("--rdzv-conf")
+        given = dict(item.split("=", 1) for item in out[i + 1].split(",") if "=" in item)
+        del out[i:i + 2]
+    merged = {**(conf or ELASTIC_RDZV_CONF), **given}
+    return [*out, "--rdzv-conf", ",".join(f"{k}={v}" for k, v in merged.items())]
 
 
 def stopped_by(signum: int) -> int:

@@ -80,6 +80,7 @@ def connect(env, timeout_s: float):
     where = f"{host}:{port} (MASTER_ADDR:MASTER_PORT)"
     if not 0 < port < 65536:
         raise DDTrainError(f"MASTER_PORT={port} is not a port number (1-65535)")
+    add_attempt_base()
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
     limit = datetime.timedelta(seconds=max(timeout_s, 1e-3))
     if env.rank == 0 and not agent_store:
@@ -146,6 +147,19 @@ def _join(env, host, port, where, limit, timeout_s, deadline):
 
 
 RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+# Attempts before this torchrun started: set by an elastic launcher that starts torchrun anew at each
+# world size (dist.launch.run_elastic), whose torchrun counts from 0 again.
+ATTEMPT_BASE_ENV = "DDTRAIN_ATTEMPT_BASE"
+
+
+def add_attempt_base() -> None:
+    """Count the attempts of earlier torchruns of this job into TORCHELASTIC_RESTART_COUNT (once per process).
+
+    The loop resumes from the last checkpoint, and faults stay quiet, in every attempt after the first.
+    """
+    base = os.environ.pop(ATTEMPT_BASE_ENV, "").strip()
+    if base.isdigit() and int(base) > 0:
+        os.environ[RESTART_COUNT] = str(int(os.environ.get(RESTART_COUNT, "0") or 0) + int(base))
 
 
 def _check_in(store, env, timeout_s, deadline, where):

@@ -22,14 +22,13 @@ import time
 import uuid
 from pathlib import Path
 
+from ddtrain.dist.launch import MEMBERSHIP_REASON_ENV  # set by the launcher that restarted the workers
 from ddtrain.errors import DDTrainError
 
 RUN_ID_ENV = "DDTRAIN_RUN_ID"
 LOCKS = {"launcher": ".ddtrain-lock", "rank0": ".ddtrain-lock-rank0"}
 LINEAGE = ".ddtrain-lineage"
 MEMBERSHIP = ".ddtrain-membership"
-# Why the workers were (re)started, set by the launcher that restarted them (dist.launch, elastic runs).
-MEMBERSHIP_REASON_ENV = "DDTRAIN_MEMBERSHIP_REASON"
 
 _held: dict[str, int] = {}   # lock path -> open descriptor holding its flock, for this process's life
 
@@ -242,13 +241,14 @@ def membership_reason(previous: dict | None, world_size: int, *, attempt: int, r
         return said
     if previous is None or not (attempt or resumed):
         return "start"
-    how = f"restart {attempt}" if attempt else "--resume"
     before = previous.get("world_size")
+    if not attempt:  # a new launch on the checkpoints: whatever size the user chose
+        return f"--resume at world size {world_size}" + (f" (was {before})" if before != world_size else "")
     if isinstance(before, int) and before > world_size:
-        return f"{how}: {before - world_size} rank(s) lost, world size {before} -> {world_size}"
+        return f"restart {attempt}: {before - world_size} rank(s) gone, world size {before} -> {world_size}"
     if isinstance(before, int) and before < world_size:
-        return f"{how}: {world_size - before} rank(s) joined, world size {before} -> {world_size}"
-    return f"{how} at the same world size"
+        return f"restart {attempt}: {world_size - before} rank(s) joined, world size {before} -> {world_size}"
+    return f"restart {attempt} at the same world size"
 
 
 def note_membership(directory, *, step: int, world_size: int, attempt: int, resumed: bool,

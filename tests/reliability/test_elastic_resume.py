@@ -76,3 +76,7 @@ def run_matrix(strategy, tmp_path, servers=0, sizes=(3, 4)):
 
 def test_ddp_resumes_on_3_and_4_workers_as_the_uninterrupted_2_worker_run(tmp_path):
     run_matrix("ddp", tmp_path)
+
+
+def test_ps_sync_resumes_on_3_workers_with_the_servers_state(tmp_path):
+    run_matrix("ps-sync", tmp_path, servers=1, sizes=(3,))

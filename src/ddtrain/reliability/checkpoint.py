@@ -297,16 +297,18 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def save(directory, step: int, header: dict, part: dict, shared: dict | None, *, keep: int) -> Path | None:
+def save(directory, step: int, header: dict, part: dict, shared: dict | None, *, keep: int,
+         group=None) -> Path | None:
     """Gather every rank's ``part`` to rank 0, which writes them with ``shared`` and rotates.
 
-    ``shared`` (model, optimizer, scaler states) is only read on rank 0.
+    ``shared`` (model, optimizer, scaler states) is only read on rank 0. ``group``: the ranks
+    that train (the workers; parameter servers are serving and keep no part of their own).
     """
     part = to_cpu(part)
     rank = dist.get_rank() if _distributed() else 0
     if _distributed():
-        parts = [None] * dist.get_world_size() if rank == 0 else None
-        dist.gather_object(part, parts, dst=0)
+        parts = [None] * dist.get_world_size(group) if rank == 0 else None
+        dist.gather_object(part, parts, dst=0, group=group)
     else:
         parts = [part]
     if rank != 0:
@@ -523,9 +525,13 @@ class Checkpointer:
     def save(self, step: int, steps_done: int) -> None:
         """Collective: the state after ``step`` (``steps_done`` of them in this epoch), written by rank 0."""
         stall.mark(step, "checkpoint (gather to rank 0)")
-        replicated = self.strategy.spec.replicated
-        state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
-                 "scaler": self.scaler.state_dict() if self.scaler is not None else None}
+        # one global state: replicas kept identical, or the parameter servers' (rank 0 fetches the
+        # optimizer state from them: ``optimizer.state_dict()`` of a ps worker asks the servers)
+        replicated = self.strategy.spec.replicated or bool(self.elastic and self.elastic.get("rule") == "servers")
+        state = None
+        if not replicated or runtime.rank() == 0:
+            state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
+                     "scaler": self.scaler.state_dict() if self.scaler is not None else None}
         part = {"rng": rng_state(), "rng_epoch": self._rng_epoch, "meter": self._meter.sums,
                 "epoch_time_s": time.perf_counter() - self._epoch_t0}
         if not replicated:
@@ -536,7 +542,7 @@ class Checkpointer:
         if self.elastic:
             header["elastic"] = self.elastic
         path = save(self.directory, step, header, part, state if replicated and runtime.rank() == 0 else None,
-                    keep=self.keep)
+                    keep=self.keep, group=self.strategy.group)
         self.info["checkpoints_written"] += 1
         if path is not None:
             self.info["last_checkpoint"] = str(path)

@@ -137,14 +137,15 @@ def reshape(parts: list[dict], shared, *, elastic: dict, workers: int, seed: int
             capture, apply) -> list[tuple]:
     """(shared, part) for each rank of a world of ``workers`` workers (+ the same servers) from a checkpoint's parts.
 
-    Workers come first, then the servers (``dist.launch``'s layout). Rank 0 gets the epoch's
+    Workers come first, then the servers (``dist.launch``'s layout), whose parts (the checkpoint
+    holds the workers' only) are made here. Rank 0 gets the epoch's
     metric sums of every worker added up (the loop all-reduces them at the epoch's end), the
     other workers zeros; a worker rank the checkpoint had keeps its RNG streams, a new one gets
     them from (seed, step, rank). Per-rank model and optimizer states (strategies that are not
     replicated) are merged by the strategy's rule; a server keeps its own part.
     """
     was, servers = elastic["workers"], elastic.get("servers", 0)
-    worker_parts, server_parts = parts[:was], parts[was:]
+    worker_parts = parts[:was]
     meter = sum(p["meter"] for p in worker_parts)
     state = None
     if "model" in worker_parts[0]:  # not replicated: one state from the workers' own
@@ -161,6 +162,7 @@ def reshape(parts: list[dict], shared, *, elastic: dict, workers: int, seed: int
         if state is not None:
             part.update(state)
         out.append((shared, part))
-    assert len(server_parts) == servers, (len(server_parts), servers)
-    out.extend((shared, p) for p in server_parts)
+    for i in range(servers):  # a server keeps no part of its own (it loads the global state)
+        rng = derived_rng(seed, step, workers + i, capture, apply)
+        out.append((shared, {**worker_parts[0], "rng": rng, "rng_epoch": rng, "meter": torch.zeros_like(meter)}))
     return out

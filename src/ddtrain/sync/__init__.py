@@ -26,7 +26,7 @@ from ddtrain.sync.ddp import DDPStrategy
 from ddtrain.sync.hybrid import HybridStrategy
 from ddtrain.sync.local_sgd import LocalSGDStrategy
 from ddtrain.sync.ps.strategy import build_param_server
-from ddtrain.sync.spec import StrategySpec
+from ddtrain.sync.spec import LOCAL_SGD_OPTIONS, StrategySpec
 
 STRATEGIES: dict[str, StrategySpec] = {}
 
@@ -45,7 +45,7 @@ for _spec in (
       for name in ("ring", "ring-async", "tree", "butterfly", "central")),
     StrategySpec(name="ps-sync", build=partial(build_param_server, asynchronous=False), uses_servers=True,
                  options=("servers", "timeout_s"),
-                 replicated=False, checkpointable=False, algorithm="central",  # the master pattern over workers + servers
+                 replicated=False, algorithm="central",  # the master pattern over workers + servers; checkpoints hold the servers' state
                  summary="parameter servers on the last --servers ranks; each step waits for every worker"),
     StrategySpec(name="ps-async", build=partial(build_param_server, asynchronous=True), uses_servers=True,
                  options=("servers", "staleness", "async_rule", "timeout_s"),
@@ -55,7 +55,7 @@ for _spec in (
                  options=("sync_every",),
                  algorithm="ring", summary="ring all-reduce every step + rank 0's broadcast every --sync-every steps (000 ch. 5)"),
     StrategySpec(name="local-sgd", build=LocalSGDStrategy, replicated=False, periodic=True, synchronous=False,
-                 options=("sync_every",),
+                 options=("sync_every", *LOCAL_SGD_OPTIONS),
                  summary="local steps; parameters averaged every --sync-every steps"),
 ):
     register_strategy(_spec)

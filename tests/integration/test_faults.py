@@ -147,7 +147,7 @@ BAD = [
                                                        "ckpt-00000003.pt (truncated: "),
     (["--resume", "--checkpoint-dir", "{d}/fits", "--batch-size", "16"],
      "does not fit this run: it has batch_size=64 vs 16"),
-    (["--strategy", "ps-sync", "--checkpoint-dir", "{d}/new"], "not supported with --strategy ps-sync"),
+    (["--strategy", "ps-async", "--checkpoint-dir", "{d}/new"], "not supported with --strategy ps-async"),
     (["--keep", "0"], "--keep must be a positive integer, got 0"),
     (["--max-restarts", "-1"], "--max-restarts must be a non-negative integer, got -1"),
     (["--on-nonfinite", "explode"], "argument --on-nonfinite: invalid choice: 'explode' (choose from 'stop', 'skip')"),

@@ -37,6 +37,15 @@ class SyncOptions:
     sync_batchnorm: bool = False           # convert BatchNorm layers to SyncBatchNorm (DDP-based strategies, CUDA)
     check_every: int = 0             # steps between replica-divergence checks (0: at epoch ends only)
     timeout_s: float | None = None   # ps-*: seconds a rank waits on a peer (None: ddtrain.init()'s timeout)
+    outer_optimizer: Literal["average", "nesterov"] = "average"  # local-sgd: at each averaging, 'average' takes the replicas' mean; 'nesterov' is DiLoCo's outer SGD with Nesterov momentum on the averaged parameter change (docs/ALGORITHMS.md)
+    outer_lr: float | None = None    # local-sgd --outer-optimizer nesterov: outer learning rate (default 0.7, DiLoCo's)
+    outer_momentum: float | None = None   # local-sgd --outer-optimizer nesterov: outer Nesterov momentum (default 0.9, DiLoCo's; 0: plain outer SGD)
+    local_sgd_warmup_steps: int = 0  # local-sgd: average the gradients every step for this many first steps (post-local SGD), local steps after
+    adaptive_interval: bool = False  # local-sgd: choose each interval from the measured divergence and averaging time, starting at --sync-every (docs/ALGORITHMS.md)
+    adaptive_min_interval: int = 1   # local-sgd --adaptive-interval: the shortest interval (steps)
+    adaptive_max_interval: int = 100   # local-sgd --adaptive-interval: the longest interval (steps)
+    adaptive_comm_fraction: float = 0.1   # local-sgd --adaptive-interval: the averaging may take this fraction of the interval's compute time
+    adaptive_max_divergence: float = 0.01   # local-sgd --adaptive-interval: bound on the replicas' relative spread at an averaging (docs/PERFORMANCE.md)
     compression: str = "none"        # gradient compression: none, fp16, bf16, powersgd:RANK[:WARMUP_STEPS], topk:FRACTION (docs/ALGORITHMS.md)
 
     @property
@@ -60,6 +69,34 @@ class SyncOptions:
         if self.timeout_s is not None and not self.timeout_s > 0:
             raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
         compression.check_spec(self.compression)   # ValueError("compression ...") naming what is wrong
+        self._check_local_sgd()
+
+    def _check_local_sgd(self) -> None:
+        """local-sgd's settings (ddtrain.sync.local_sgd reads them)."""
+        if self.outer_optimizer not in ("average", "nesterov"):
+            raise ValueError(f"outer_optimizer must be 'average' or 'nesterov', got {self.outer_optimizer!r}")
+        for name in ("outer_lr", "outer_momentum"):
+            if getattr(self, name) is not None and self.outer_optimizer == "average":
+                raise ValueError(f"{name} is read with outer_optimizer='nesterov' only ('average' is outer lr 1 "
+                                 f"and momentum 0), got {getattr(self, name)}")
+        if self.outer_lr is not None and not self.outer_lr > 0:
+            raise ValueError(f"outer_lr must be positive, got {self.outer_lr}")
+        if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
+            raise ValueError(f"outer_momentum must be in [0, 1), got {self.outer_momentum}")
+        if not isinstance(self.local_sgd_warmup_steps, int) or self.local_sgd_warmup_steps < 0:
+            raise ValueError(f"local_sgd_warmup_steps must be a non-negative integer, got {self.local_sgd_warmup_steps!r}")
+        if not 1 <= self.adaptive_min_interval <= self.adaptive_max_interval:
+            raise ValueError(f"adaptive_min_interval must be >= 1 and <= adaptive_max_interval "
+                             f"({self.adaptive_max_interval}), got {self.adaptive_min_interval}")
+        if not self.adaptive_comm_fraction > 0:
+            raise ValueError(f"adaptive_comm_fraction must be positive, got {self.adaptive_comm_fraction}")
+        if not self.adaptive_max_divergence > 0:
+            raise ValueError(f"adaptive_max_divergence must be positive, got {self.adaptive_max_divergence}")
+        if self.adaptive_interval and not (isinstance(self.sync_every, int)
+                                           and self.adaptive_min_interval <= self.sync_every <= self.adaptive_max_interval):
+            raise ValueError(f"sync_every must be an integer between adaptive_min_interval ({self.adaptive_min_interval}) "
+                             f"and adaptive_max_interval ({self.adaptive_max_interval}) with adaptive_interval: it is "
+                             f"the first interval; got {self.sync_every!r}")
 
 
 @dataclass

@@ -16,6 +16,8 @@ These collectives are torch.distributed's own and are not counted as the strateg
 The record is ``stats.extra["divergence"]``: one ``{"step", "epoch", "divergence",
 "after_sync"}`` per check, where ``after_sync`` says the check ran right after the strategy
 synchronised the parameters (a broadcast or an averaging), and ``divergence_max``.
+``spread_terms``/``relative_spread`` are local SGD's cheap spread of the replicas around their
+mean, measured at every averaging (``ddtrain.sync.local_sgd``).
 """
 from __future__ import annotations
 
@@ -23,7 +25,6 @@ import torch
 import torch.distributed as dist
 
 from ddtrain.reliability.replicas import checksums
-
 
 
 def fingerprint(tensors) -> torch.Tensor:
@@ -64,6 +65,31 @@ def replica_divergence(tensors, group=None) -> tuple[float, bool]:
     worst = worst.reshape(1)
     dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
     return float(worst.item()), True
+
+
+def spread_terms(replica, mean) -> torch.Tensor:
+    """``[||x - m||^2, ||m||^2]`` summed over the matching tensors ``replica`` and ``mean`` (float64, on their device).
+
+    This rank's share of ``relative_spread``: summed over the ranks (one all-reduce of a few
+    numbers, which local SGD's averaging does anyway) it costs nothing like step 2 above, because
+    each rank already holds both its own replica and the mean right after an averaging.
+    """
+    if not replica:
+        return torch.zeros(2, dtype=torch.float64)
+    terms = [torch.stack([(x.double() - m.double()).pow(2).sum(), m.double().pow(2).sum()])
+             for x, m in zip(replica, mean)]
+    return torch.stack(terms).sum(0)
+
+
+def relative_spread(summed_terms, ranks: int) -> float:
+    """``sqrt(mean over ranks of ||x_r - m||^2) / ||m||`` from ``spread_terms`` summed over ``ranks`` ranks.
+
+    Scale-free (a fraction of the parameters' norm), so one bound fits every model; the largest
+    difference from rank 0 that ``replica_divergence`` measures is at most twice the largest
+    ``|x_r - m|``.
+    """
+    spread_sq, norm_sq = (float(v) / ranks for v in summed_terms[:2])
+    return (spread_sq ** 0.5) / (norm_sq ** 0.5) if norm_sq > 0 else 0.0
 
 
 class DivergenceMonitor:

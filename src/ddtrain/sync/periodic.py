@@ -49,8 +49,12 @@ class PeriodicStrategy(Strategy):
             self.sync()
         self.monitor.after_step(after_sync=due)
 
+    def due_at_epoch_end(self) -> bool:
+        """Is a sync due at this epoch's end? ("epoch" only; local SGD's warm-up also says no.)"""
+        return self.every == "epoch"
+
     def end_epoch(self, epoch: int) -> None:
-        at_epoch_end = self.every == "epoch"
+        at_epoch_end = self.due_at_epoch_end()
         if at_epoch_end:
             self.sync()
         self.monitor.end_epoch(epoch, after_sync=at_epoch_end)

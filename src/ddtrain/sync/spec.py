@@ -12,7 +12,9 @@ from typing import Callable
 
 # SyncOptions fields that only some strategies read (their specs list them in ``options``); the
 # rest (the DDP options, check_every) are accepted by every strategy.
-STRATEGY_SPECIFIC = frozenset({"sync_every", "servers", "staleness", "timeout_s", "compression"})
+LOCAL_SGD_OPTIONS = ("outer_optimizer", "outer_lr", "outer_momentum", "local_sgd_warmup_steps", "adaptive_interval",
+                     "adaptive_min_interval", "adaptive_max_interval", "adaptive_comm_fraction", "adaptive_max_divergence")
+STRATEGY_SPECIFIC = frozenset({"sync_every", "servers", "staleness", "timeout_s", "compression", *LOCAL_SGD_OPTIONS})
 
 
 @dataclass(frozen=True, kw_only=True)

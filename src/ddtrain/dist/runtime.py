@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from ddtrain.dist.config import default_timeout_s
-from ddtrain.dist import rendezvous
+from ddtrain.dist import excepthook, rendezvous
 from ddtrain.dist.env import LaunchEnv, detect_env, local_device, restart_store_warning
 from ddtrain.errors import DDTrainError
 
@@ -70,6 +70,8 @@ def init(*, backend: str | None = None, timeout_s: float | None = None, device: 
             kwargs["device_id"] = dev
         dist.init_process_group(**kwargs)
         owns = True
+        if env.world_size > 1:      # one traceback per distinct error, not one per rank
+            excepthook.install(env.rank, dist.distributed_c10d._get_default_store)
     _state = _State(env, chosen if env.launcher != "none" or dist.is_initialized() else None,
                     dev, timeout_s, owns)
     return env

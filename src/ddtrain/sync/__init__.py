@@ -44,11 +44,11 @@ for _spec in (
                    options=("compression",), summary=f"DDP with ddtrain's {name} all-reduce as its communication hook")
       for name in ("ring", "ring-async", "tree", "butterfly", "central")),
     StrategySpec(name="ps-sync", build=partial(build_param_server, asynchronous=False), uses_servers=True,
-                 options=("servers", "timeout_s"),
+                 options=("servers", "timeout_s", "compression"),
                  replicated=False, algorithm="central",  # the master pattern over workers + servers; checkpoints hold the servers' state
                  summary="parameter servers on the last --servers ranks; each step waits for every worker"),
     StrategySpec(name="ps-async", build=partial(build_param_server, asynchronous=True), uses_servers=True,
-                 options=("servers", "staleness", "async_rule", "timeout_s"),
+                 options=("servers", "staleness", "async_rule", "timeout_s", "compression"),
                  replicated=False, checkpointable=False, synchronous=False,
                  summary="parameter servers applying each gradient as it arrives (--staleness bounds the lag)"),
     StrategySpec(name="hybrid", build=HybridStrategy, replicated=False, sync_in_backward=True, periodic=True,

@@ -29,6 +29,15 @@ server that has just timed out on a dead worker can no longer tell the others an
 the process group. It writes a note to the store instead; a worker whose wait on the server
 fails reads it (``FailureNote``) and names the worker the server lost.
 
+Compression (``--compression fp16`` or ``bf16``): every worker -> server message carries its
+values in the 16-bit type (``Plan.wire_dtype``), so a gradient costs half the payload bytes
+(the header is unchanged); the server widens it back before averaging or applying it. SET's
+parameters then travel in full precision as bytes after the header (as LOAD's state does),
+never through the 16-bit payload. Server -> worker messages (the parameters) stay full size.
+PowerSGD and top-k are refused here (``wire_dtype``): PowerSGD needs the sum of every
+worker's P before anyone can compute Q, a round this protocol (one gradient up, parameters
+down) does not have; top-k would need a sparse message layout it does not have yet.
+
 Traffic: steps count under the strategy's name ("ps-sync", "ps-async"); STOP/FINAL under
 "<name> stop", HELLO/PAUSE and their answers under "<name> control", so a step's bytes can be
 compared with the cost model.
@@ -184,12 +193,20 @@ class Plan:
     pairs: dict | None = None    # ps-async on NCCL: (worker, server) -> that pair's own process group
     hyper: list = field(default_factory=list)   # hyper_layout of the optimizer's param groups
     group: object = None         # the process group its messages travel in (None: the default group)
+    wire_dtype: torch.dtype | None = None   # worker -> server payloads (--compression fp16/bf16); None: dtype
+
+    @property
+    def compressed(self) -> bool:
+        """Do worker -> server messages carry their values in a narrower type than the parameters?"""
+        return self.wire_dtype is not None and self.wire_dtype != self.dtype
 
     def slots(self, server_index: int) -> int:
         return FIXED_SLOTS + sum(n for _, _, n in self.hyper) + len(self.shards[server_index])
 
-    def message(self, server_index: int) -> Message:
-        return Message(sum(p.numel() for p in self.shards[server_index]), self.dtype, self.device,
+    def message(self, server_index: int, to_server: bool = False) -> Message:
+        """A message for ``server_index``'s shard; ``to_server``: a worker's to it (in ``wire_dtype`` when compressed)."""
+        dtype = self.wire_dtype if to_server and self.compressed else self.dtype
+        return Message(sum(p.numel() for p in self.shards[server_index]), dtype, self.device,
                        self.slots(server_index))
 
     def comm(self, timeout_s: float | None = None, suffix: str = ""):
@@ -212,6 +229,32 @@ class Plan:
 
     def operations(self) -> tuple[str, ...]:
         return (self.name, self.name + STOP_SUFFIX, self.name + CONTROL_SUFFIX)
+
+
+def wire_dtype(name: str, spec: str) -> torch.dtype | None:
+    """The worker -> server payload type for ``--compression spec``; DDTrainError for methods servers cannot carry."""
+    method = spec.partition(":")[0]
+    if method == "none":
+        return None
+    if method in ("fp16", "bf16"):
+        return {"fp16": torch.float16, "bf16": torch.bfloat16}[method]
+    raise DDTrainError(f"{name}: --compression {spec} is not supported with parameter servers (PowerSGD needs every "
+                       f"worker's P summed before Q can be computed, a round the servers' protocol does not have; "
+                       f"top-k has no sparse message layout there); use fp16 or bf16, or a ring/ddp strategy")
+
+
+def flat_bytes(tensors) -> torch.Tensor:
+    """``tensors`` back to back, as bytes (full precision, whatever ``wire_dtype`` is)."""
+    return torch.cat([t.detach().reshape(-1) for t in tensors]).view(torch.uint8)
+
+
+@torch.no_grad()
+def unpack_bytes_(tensors, data: torch.Tensor) -> None:
+    """The inverse of ``flat_bytes``: copy ``data`` into ``tensors`` (all of one dtype)."""
+    values, offset = data.view(tensors[0].dtype), 0
+    for t in tensors:
+        t.copy_(values[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
 
 
 def make_plan(name: str, module, servers: int, timeout_s: float | None, world: int, optimizer=None) -> Plan:

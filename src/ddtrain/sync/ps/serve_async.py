@@ -64,13 +64,13 @@ class Arrivals:
         self.core, self.plan = core, core.plan
         self.anysource = (self.plan.pairs is None and self.plan.device.type == "cpu"
                           and "gloo" in str(dist.get_backend()).lower())
-        self.free = [self.plan.message(core.index) for _ in range(2)] if self.anysource else []
+        self.free = [self.plan.message(core.index, to_server=True) for _ in range(2)] if self.anysource else []
         self.posted = {}          # anysource: {None: (work, message)}; polling: {worker: pending}
 
     def expect(self, worker: int) -> None:
         """``worker`` may send now (its previous message, if any, has been consumed)."""
         if self.anysource:
-            self.free.append(self.core.inbox.pop(worker, None) or self.plan.message(self.core.index))
+            self.free.append(self.core.inbox.pop(worker, None) or self.plan.message(self.core.index, to_server=True))
         else:
             self.posted[worker] = self.core.post_receive(self.plan.comm(), worker, f"message {self.core.version}")
 
@@ -85,7 +85,7 @@ class Arrivals:
 
     def _next_anysource(self, timeout_s: float) -> int | None:
         if None not in self.posted:
-            message = self.free.pop() if self.free else self.plan.message(self.core.index)
+            message = self.free.pop() if self.free else self.plan.message(self.core.index, to_server=True)
             self.posted[None] = (dist.irecv(message.buffer, group=self.plan.group), message)
         work, message = self.posted[None]
         try:
@@ -208,12 +208,13 @@ def serve_async(core: ServerCore, bound: int, rule: str = "staleness", on_add=No
             staleness[lag] += 1
             maybe_inject(core.version, core.rank)
             mean = sum(k * n for k, n in staleness.items()) / sum(staleness.values())
+            grads = core.inbox[w].payload.to(plan.dtype)   # widened back from fp16/bf16 (else the payload itself)
             if rule.startswith("dc-"):
                 now = flat(core.params)
                 if mean_square is None:
                     mean_square = torch.zeros_like(now)
-                delay_compensate_(core.inbox[w].payload, now, snapshots[received[w]], mean_square)
-            core.apply_(core.inbox[w].payload, core.inbox[w], staleness=None if rule == "plain" else lag,
+                delay_compensate_(grads, now, snapshots[received[w]], mean_square)
+            core.apply_(grads, core.inbox[w], staleness=None if rule == "plain" else lag,
                         mean_staleness=mean, rule=rule, worker=w)
             del received[w], outstanding[w]
             for v in set(snapshots) - set(outstanding.values()):

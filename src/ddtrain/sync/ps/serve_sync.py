@@ -74,7 +74,7 @@ def serve_sync(core: ServerCore, on_add=None) -> None:
             odd = {w: KIND_NAMES.get(k, k) for w, k in kinds.items() if k != GRAD}
             raise DDTrainError(f"{plan.name}: parameter server rank {core.rank}: at update {core.version} "
                                f"workers sent {odd} instead of gradients (do all workers run the same steps?)")
-        total = core.inbox[active[0]].payload.clone()
+        total = core.inbox[active[0]].payload.to(plan.dtype, copy=True)   # widened back from fp16/bf16
         has_grad = core.has_grad(core.inbox[active[0]])
         for w in active[1:]:              # worker order, whatever the arrival order
             total.add_(core.inbox[w].payload)

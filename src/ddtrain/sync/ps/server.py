@@ -16,7 +16,7 @@ from ddtrain.comm.p2p import CommError, exchange, wait
 from ddtrain.errors import DDTrainError
 from ddtrain.sync.accounting import Ledger
 from ddtrain.sync.base import SyncStats
-from ddtrain.sync.ps.protocol import KIND_NAMES, LOAD, PARAMS, SET, STATE, FailureNote, Plan, write_hyper
+from ddtrain.sync.ps.protocol import KIND_NAMES, LOAD, PARAMS, SET, STATE, FailureNote, Plan, unpack_bytes_, write_hyper
 
 
 def to_bytes(obj) -> torch.Tensor:
@@ -101,7 +101,7 @@ class ServerCore:
         self.plan, self.optimizer, self.index, self.ledger, self.stats = plan, optimizer, index, ledger, stats
         self.note = note
         self.params = plan.shards[index]
-        self.inbox = {w: plan.message(index) for w in plan.workers}
+        self.inbox = {w: plan.message(index, to_server=True) for w in plan.workers}   # 16-bit with fp16/bf16
         self.outbox = plan.message(index)       # one answer, sent to every worker that gets it
         self.version = 0
         self.rank = plan.servers[index]
@@ -179,7 +179,10 @@ class ServerCore:
     def aside(self, comm, worker: int, kind: int) -> None:
         """Answer SET, STATE or LOAD from ``worker`` (its message is in ``inbox[worker]``) at once."""
         message = self.inbox[worker]
-        if kind == SET:
+        if kind == SET and self.plan.compressed:   # full-precision parameters follow as bytes (worker.send_bytes)
+            unpack_bytes_(self.params, self.receive_bytes(comm, worker, message.aux()))
+            self.send(comm, [worker], PARAMS, "parameters (set)")
+        elif kind == SET:
             message.unpack_(self.params)
             self.send(comm, [worker], PARAMS, "parameters (set)")
         elif kind == STATE:

@@ -20,7 +20,7 @@ from ddtrain.dist import runtime
 from ddtrain.errors import DDTrainError
 from ddtrain.sync.accounting import Ledger
 from ddtrain.sync.ps.protocol import (FINAL, GRAD, HELLO, KIND_NAMES, LOAD, PARAMS, PAUSE, SET, STATE, SUFFIX, FailureNote,
-                                     Plan, read_hyper)
+                                     Plan, flat_bytes, read_hyper)
 from ddtrain.sync.ps.server import chunks, from_bytes, to_bytes
 
 # Workers wait this much longer than servers, so that a server, which started waiting for a
@@ -35,7 +35,7 @@ class WorkerLink:
     def __init__(self, plan: Plan, ledger: Ledger, note: FailureNote, optimizer=None):
         self.plan, self.ledger, self.note = plan, ledger, note
         self.optimizer = optimizer   # whose param_groups' current values travel with every gradient
-        self.push = [plan.message(s) for s in range(len(plan.servers))]
+        self.push = [plan.message(s, to_server=True) for s in range(len(plan.servers))]   # 16-bit with fp16/bf16
         self.pull = [plan.message(s) for s in range(len(plan.servers))]
         self.versions = [0] * len(plan.servers)
         self.steps = 0
@@ -93,7 +93,10 @@ class WorkerLink:
     def push_changed_parameters(self) -> None:
         """SET: parameters changed here since the servers last sent them (a loaded checkpoint) go to the servers."""
         if self._param_versions() != self.seen:
-            self.exchange(SET, "set parameters")
+            if self.plan.compressed:   # the 16-bit payload would round them: full precision, as bytes after the header
+                self.send_bytes(SET, [flat_bytes(shard) for shard in self.plan.shards], "set parameters")
+            else:
+                self.exchange(SET, "set parameters")
 
     def step(self) -> None:
         self.exchange(GRAD, "step")
@@ -121,12 +124,17 @@ class WorkerLink:
     def load_state(self, state: dict) -> None:
         """LOAD: every server installs its part of ``state`` (``optimizer.state_dict()["state"]``)."""
         data = to_bytes(state)
+        self.send_bytes(LOAD, [data] * len(self.plan.servers), "load optimizer state")
+
+    def send_bytes(self, kind: int, datas: list, what: str) -> None:
+        """LOAD or SET: ``datas[s]`` to server ``s`` as bytes in full-size messages after the header; PARAMS answers."""
         plan = self.plan
         with self.ledger.timed():
-            comm = plan.comm(plan.timeout_s + WORKER_MARGIN_S, suffix=SUFFIX[LOAD])
+            comm = plan.comm(plan.timeout_s + WORKER_MARGIN_S, suffix=SUFFIX[kind])
             for s, server in enumerate(plan.servers):
+                data = datas[s]
                 message = self.push[s]
-                message.set_header(LOAD, self.versions[s], data.numel())
+                message.set_header(kind, self.versions[s], data.numel())
                 link, peer = plan.route(comm, dist.get_rank(), server)
                 sends = [(peer, message.buffer.clone())]
                 room = message.payload_bytes.numel()
@@ -135,11 +143,15 @@ class WorkerLink:
                     message.payload_bytes[:part.numel()].copy_(part)
                     sends.append((peer, message.buffer.clone()))
                 self._wait((link, exchange(link, sends=sends, recvs=[(peer, self.pull[s].buffer)],
-                                           label="load optimizer state")), server, "load optimizer state")
+                                           label=what)), server, what)
                 answer, version = self.pull[s].read_header()
                 if answer != PARAMS:
                     raise DDTrainError(f"{plan.name}: parameter server rank {server} answered "
-                                       f"{KIND_NAMES.get(answer, answer)} to LOAD; expected PARAMS")
+                                       f"{KIND_NAMES.get(answer, answer)} to {KIND_NAMES[kind]}; expected PARAMS")
+                if kind == SET:
+                    self.versions[s] = version
+                    self.pull[s].unpack_(plan.shards[s])
+                    self.seen[s] = [p._version for p in plan.shards[s]]
 
     def pause(self) -> None:
         """ps-async: tell the servers this worker stops computing (before waiting on other workers)."""

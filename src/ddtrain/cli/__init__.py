@@ -26,6 +26,8 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("cluster", "run"): ("ddtrain.cli.cluster_run", "run a ddtrain command on N emulated nodes (network namespaces) joined by rate-limited links"),
     ("cluster", "probe"): ("ddtrain.cli.cluster_probe", "point-to-point rate between the ranks of an emulated cluster (inside cluster run)"),
     ("doctor",): ("ddtrain.cli.doctor", "compare versions, GPUs, interfaces and data across the ranks of a job and probe every link"),
+    ("advise",): ("ddtrain.cli.advise", "predict the step time and bytes of every strategy x compression x algorithm on a link, rank them, pick one"),
+    ("checkpoint", "info"): ("ddtrain.cli.checkpoint_info", "a checkpoint's step, configuration, size, the worker counts it resumes on, and its integrity"),
     ("cluster", "clean"): ("ddtrain.cli.cluster_clean", "remove emulated-cluster namespaces left behind by crashed or --keep runs"),
 }
 

@@ -1,0 +1,313 @@
+"""Predict the step time and bytes of every strategy × compression × algorithm, rank them, and pick one.
+
+A step of a method that syncs gradients every step is predicted as
+
+    step = compute + Σ over the step's collectives (α_load · steps + link time through the token bucket + γ · added bytes)
+           + codec (the compressor's own work, scaled by the ranks sharing the host's cores)
+
+with the collectives read from the compression method (``ddtrain.comm.compression``): one
+all-reduce of each DDP bucket (1 MiB first, then ``bucket_cap``), a 16-bit one for fp16/bf16,
+three per bucket for PowerSGD after its warm-up (the uncompressed tensors, P, Q), one ring
+all-gather of (value, index) pairs for top-k. Communication is charged in full after the compute
+(no overlap with the backward pass: on a loaded 2-core host the communication thread competes
+with it). The compressor's own work (casts, PowerSGD's products and orthogonalisation, top-k's
+selection) is measured alone on the real shapes (``Network.codec_s``) and multiplied by the host's
+CPU sharing (``Network.cpu_factor``: ``contention.cpu_slowdown``, or a measured ratio). A method that averages parameters every K steps (local SGD) pays one all-reduce of the
+parameters every K steps: ``step = compute + averaging / K``. ``Network.plain`` gives the old
+model (calibrated α, no bucket, compute as given) for comparison.
+
+The ranking is by predicted step time; the first choice is the fastest whose accuracy risk
+(``risks``) is known to be within ``risk_bound_points``.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from ddtrain.comm import compression as compressions
+from ddtrain.comm.compression import powersgd, topk
+from ddtrain.comm.compression.volume import allgather_bytes, allreduce_bytes, numel
+from ddtrain.costmodel import schedule
+from ddtrain.costmodel.burst import TokenBucket, transfer
+from ddtrain.costmodel.contention import link_share_factor
+from ddtrain.costmodel.loaded import _added_bytes
+from ddtrain.costmodel.risks import Risk, risk_of
+from ddtrain.errors import DDTrainError
+
+FIRST_BUCKET_BYTES = 1 << 20          # DDP's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
+DEFAULT_BUCKET_CAP_BYTES = 25 << 20   # DDP's bucket_cap_mb=25
+RISK_BOUND_POINTS = 1.0
+@dataclass(frozen=True, kw_only=True)
+class Method:
+    """One choice: a strategy, the algorithm it reduces with, a gradient compression, a sync interval."""
+
+    strategy: str
+    algorithm: str
+    kind: str                   # "gradient" (every step), "average" (parameters every sync_every steps)
+    compression: str = "none"
+    sync_every: int = 1
+    extra_ranks: int = 0        # ranks besides the workers that take part (parameter servers)
+
+    @property
+    def label(self) -> str:
+        if self.kind == "average":
+            return f"{self.strategy} K={self.sync_every} ({self.algorithm})"
+        return f"{self.strategy} {self.compression}" + ("" if self.algorithm == self.strategy else f" ({self.algorithm})")
+
+    def train_args(self) -> list[str]:
+        """The ``ddtrain train`` flags that run this method."""
+        args = ["--strategy", self.strategy]
+        if self.compression != "none":
+            args += ["--compression", self.compression]
+        if self.kind == "average":
+            args += ["--sync-every", str(self.sync_every)]
+        return args
+
+
+@dataclass(frozen=True, kw_only=True)
+class Workload:
+    """What trains: the gradient shapes, the workers, the batch per worker, the measured compute step."""
+
+    shapes: tuple[tuple[int, ...], ...]
+    workers: int
+    batch_size: int
+    compute_s: float                      # forward+backward+optimizer of one step, no communication (as measured)
+    procs_per_node: int = 1
+    bucket_cap_bytes: float = DEFAULT_BUCKET_CAP_BYTES
+
+    def __post_init__(self):
+        if not self.shapes:
+            raise DDTrainError("the model has no parameters to synchronise")
+        if self.workers < 1:
+            raise DDTrainError(f"workers must be >= 1, got {self.workers}")
+        if self.batch_size < 1:
+            raise DDTrainError(f"batch size must be >= 1, got {self.batch_size}")
+        if not (self.compute_s >= 0 and math.isfinite(self.compute_s)):
+            raise DDTrainError(f"the compute step time must be a finite number >= 0 s, got {self.compute_s}")
+        if self.procs_per_node < 1 or self.workers % self.procs_per_node:
+            raise DDTrainError(f"procs per node must be >= 1 and divide the workers ({self.workers}), "
+                               f"got {self.procs_per_node}")
+
+    @property
+    def params(self) -> int:
+        return sum(numel(s) for s in self.shapes)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Network:
+    """The link and the host: α (under load, or calibrated), the token bucket, γ, the compressors' own work."""
+
+    alpha_s: float
+    bucket: TokenBucket                   # burst 0 for a link without one
+    gamma_s_per_byte: float = 0.0         # local add per byte (the reduction)
+    codec_s: Mapping[str, float] = field(default_factory=dict)  # compression spec -> seconds per step, measured alone
+    # α of algorithms whose steps cost differently: Gloo's own all-reduce ("native") runs its steps in C++,
+    # ours are Python point-to-point calls on the communication thread (alpha_s)
+    alpha_by_algorithm: Mapping[str, float] = field(default_factory=dict)
+    cpu_factor: float = 1.0               # how much slower the ranks' own work runs on the shared host (contention)
+    name: str = "new"
+
+    def alpha_for(self, algorithm: str) -> float:
+        return self.alpha_by_algorithm.get(algorithm, self.alpha_s)
+
+    def plain(self, alpha_s: float) -> Network:
+        """The old model over the same link: α as calibrated, no token bucket, no CPU sharing."""
+        return Network(alpha_s=alpha_s, bucket=TokenBucket(burst_bytes=0, beta_s_per_byte=self.bucket.beta_s_per_byte),
+                       gamma_s_per_byte=self.gamma_s_per_byte, codec_s=self.codec_s, cpu_factor=1.0, name="old")
+
+
+@dataclass(kw_only=True)
+class Prediction:
+    """One method's predicted step, its bytes and its accuracy risk."""
+
+    method: Method
+    step_s: float
+    comm_s: float
+    codec_s: float
+    bytes_per_step: float                 # bytes one worker sends per step, mean over the workers
+    collectives_per_step: float
+    risk: Risk
+    eligible: bool = False                # accuracy risk within the bound
+    notes: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict:
+        m = self.method
+        return {"label": m.label, "strategy": m.strategy, "algorithm": m.algorithm, "compression": m.compression,
+                "sync_every": m.sync_every, "kind": m.kind, "train_args": m.train_args(),
+                "step_s": self.step_s, "comm_s": self.comm_s, "codec_s": self.codec_s,
+                "bytes_per_step": self.bytes_per_step, "collectives_per_step": self.collectives_per_step,
+                "risk": self.risk.as_dict(), "eligible": self.eligible, "notes": self.notes}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StrategyInfo:
+    """What the adviser needs of a strategy (the cli layer builds these from ``ddtrain.sync.STRATEGIES``)."""
+
+    name: str
+    algorithm: str
+    kind: str                   # gradient | average
+    extra_ranks: int = 0
+    compressible: bool = True   # takes --compression
+
+
+def candidates(strategies: Sequence[StrategyInfo], compression_specs: Sequence[str],
+               intervals: Sequence[int]) -> list[Method]:
+    """Every strategy × compression (gradient strategies) and strategy × interval (averaging strategies)."""
+    for spec in compression_specs:
+        try:
+            compressions.check_spec(spec)
+        except ValueError as error:
+            raise DDTrainError(str(error)) from None
+    for k in intervals:
+        if not isinstance(k, int) or k < 1:
+            raise DDTrainError(f"a sync interval must be a whole number >= 1, got {k!r}")
+    out = []
+    for s in strategies:
+        if s.kind == "gradient":
+            specs = compression_specs if s.compressible else [c for c in compression_specs if c == "none"]
+            out += [Method(strategy=s.name, algorithm=s.algorithm, kind="gradient", compression=c,
+                           extra_ranks=s.extra_ranks) for c in specs]
+        elif s.kind == "average":
+            out += [Method(strategy=s.name, algorithm=s.algorithm, kind="average", sync_every=k) for k in intervals]
+        else:
+            raise DDTrainError(f"strategy {s.name!r}: unknown kind {s.kind!r} (gradient or average)")
+    return out
+
+
+def buckets(shapes: Sequence[tuple[int, ...]], cap_bytes: float, element_size: int = 4) -> list[list[tuple[int, ...]]]:
+    """DDP's buckets: parameters in reverse order (gradients become ready last layer first), 1 MiB first, then ``cap``."""
+    out, current, size, cap = [], [], 0, min(FIRST_BUCKET_BYTES, cap_bytes)
+    for shape in reversed(list(shapes)):
+        current.append(tuple(shape))
+        size += numel(shape) * element_size
+        if size >= cap:
+            out.append(current)
+            current, size, cap = [], 0, cap_bytes
+    if current:
+        out.append(current)
+    return out
+
+
+def collectives(method: Method, workload: Workload) -> list[tuple[str, float]]:
+    """The (kind, bytes per rank) of each collective one step of ``method`` runs, in order ('allreduce' or 'allgather')."""
+    if method.kind == "average":
+        return [("allreduce", workload.params * 4.0)]
+    record, argument = compressions.parse_spec(method.compression)
+    out = []
+    for bucket in buckets(workload.shapes, workload.bucket_cap_bytes):
+        elements = sum(numel(s) for s in bucket)
+        if record.name == "none":
+            out.append(("allreduce", elements * 4.0))
+        elif record.name in ("fp16", "bf16"):
+            out.append(("allreduce", elements * 2.0))
+        elif record.name == "powersgd":
+            plans = [powersgd.matrix_plan(s, argument[0]) for s in bucket]
+            plain = sum(numel(s) for s, plan in zip(bucket, plans) if not plan[0])
+            p = sum(n * r for compressed, n, m, r in plans if compressed)
+            q = sum(m * r for compressed, n, m, r in plans if compressed)
+            out += [("allreduce", x * 4.0) for x in (plain, p, q) if x]
+        elif record.name == "topk":
+            k = sum(topk.kept(numel(s), argument) for s in bucket)
+            out.append(("allgather", k * (4.0 + topk.INDEX_BYTES)))
+        else:
+            raise DDTrainError(f"no cost model for compression {method.compression!r}")
+    return out
+
+
+def codec_seconds(method: Method, workload: Workload, network: Network) -> float:
+    """The compressor's own work per step on one rank: measured alone (``Network.codec_s``), times the host's sharing."""
+    if method.kind != "gradient" or method.compression == "none":
+        return 0.0
+    if method.compression not in network.codec_s:
+        raise DDTrainError(f"no measured codec time for compression {method.compression!r} "
+                           f"(measured: {', '.join(network.codec_s) or 'none'})")
+    return network.codec_s[method.compression] * network.cpu_factor
+
+
+def collective_seconds(kind: str, nbytes: float, ranks: int, algorithm: str, network: Network,
+                       procs_per_node: int, tokens: float) -> tuple[float, float, int]:
+    """(seconds, tokens left, steps) of one collective, starting with ``tokens`` in the link's bucket."""
+    if ranks == 1 or nbytes == 0:
+        return 0.0, tokens, 0
+    if kind == "allgather":   # comm.allgather: the ring, R-1 steps of every rank's whole part
+        messages, algorithm_for_share = [nbytes] * (ranks - 1), "ring"
+        added = 0.0
+    else:
+        messages, algorithm_for_share = schedule.steps(algorithm, nbytes, ranks), algorithm
+        added = _added_bytes(algorithm, nbytes, ranks)
+    share = link_share_factor(algorithm_for_share, ranks, procs_per_node)
+    bucket = TokenBucket(burst_bytes=network.bucket.burst_bytes, beta_s_per_byte=network.bucket.beta_s_per_byte * share)
+    alpha = network.alpha_for("ring" if kind == "allgather" else algorithm)
+    link, left = transfer(messages, bucket, gap_s=alpha, start_tokens=tokens)
+    return alpha * len(messages) + link + network.gamma_s_per_byte * added, left, len(messages)
+
+
+def predict(method: Method, workload: Workload, network: Network) -> Prediction:
+    """Predicted step of ``method`` (see the module docstring)."""
+    ranks = workload.workers + method.extra_ranks
+    per_step = collectives(method, workload)
+    # the compute step before the first collective refills the bucket
+    tokens = network.bucket.refill(0.0, workload.compute_s)
+    comm_s, steps = 0.0, 0
+    for kind, nbytes in per_step:
+        seconds, tokens, n = collective_seconds(kind, nbytes, ranks, method.algorithm, network,
+                                                workload.procs_per_node, tokens)
+        comm_s += seconds
+        steps += n
+    sent = sum(allgather_bytes(b, ranks) if kind == "allgather" else allreduce_bytes(b, ranks) for kind, b in per_step)
+    codec = codec_seconds(method, workload, network)
+    every = method.sync_every if method.kind == "average" else 1
+    risk = risk_of(method.compression, local_sgd_interval=method.sync_every if method.kind == "average" else None)
+    return Prediction(method=method, step_s=workload.compute_s + (comm_s + codec) / every, comm_s=comm_s / every,
+                      codec_s=codec / every, bytes_per_step=sent / every, collectives_per_step=len(per_step) / every,
+                      risk=risk)
+
+
+def rank(predictions: Sequence[Prediction], risk_bound_points: float = RISK_BOUND_POINTS) -> list[Prediction]:
+    """Fastest predicted first (ties: fewer bytes); marks those whose risk is known within the bound."""
+    for p in predictions:
+        p.eligible = p.risk.within(risk_bound_points)
+    return sorted(predictions, key=lambda p: (p.step_s, p.bytes_per_step, p.method.label))
+
+
+def first_choice(ranked: Sequence[Prediction]) -> Prediction | None:
+    """The fastest eligible prediction of a ``rank``-ed list (None when none is eligible)."""
+    return next((p for p in ranked if p.eligible), None)
+
+
+def top_distinct(ranked: Sequence[Prediction], n: int = 3) -> list[Prediction]:
+    """The ``n`` fastest eligible methods with distinct (strategy, compression, interval), each with its best algorithm."""
+    seen, out = set(), []
+    for p in ranked:
+        m = p.method
+        key = (m.kind, m.compression, m.sync_every, "ddp-family" if m.kind == "gradient" else m.strategy)
+        if p.eligible and key not in seen:
+            seen.add(key)
+            out.append(p)
+        if len(out) == n:
+            break
+    return out
+
+
+def advise(workload: Workload, network: Network, methods: Sequence[Method],
+           risk_bound_points: float = RISK_BOUND_POINTS) -> dict:
+    """Predict and rank ``methods``; a JSON-ready summary with the first choice and the top 3 distinct."""
+    if not methods:
+        raise DDTrainError("no methods to compare")
+    ranked = rank([predict(m, workload, network) for m in methods], risk_bound_points)
+    first = first_choice(ranked)
+    return {"workload": {"params": workload.params, "gradient_bytes": workload.params * 4, "workers": workload.workers,
+                         "batch_size": workload.batch_size, "compute_s": workload.compute_s,
+                         "procs_per_node": workload.procs_per_node},
+            "network": {"name": network.name, "alpha_s": network.alpha_s,
+                        "alpha_by_algorithm": dict(network.alpha_by_algorithm), "burst_bytes": network.bucket.burst_bytes,
+                        "beta_s_per_byte": network.bucket.beta_s_per_byte,
+                        "rate_Mbit_s": 8e-6 / network.bucket.beta_s_per_byte if network.bucket.beta_s_per_byte else None,
+                        "gamma_s_per_byte": network.gamma_s_per_byte, "codec_s_alone": dict(network.codec_s),
+                        "cpu_factor": network.cpu_factor},
+            "risk_bound_points": risk_bound_points,
+            "first_choice": first.as_dict() if first else None,
+            "top3": [p.as_dict() for p in top_distinct(ranked, 3)],
+            "ranked": [p.as_dict() for p in ranked],
+            "predictions": ranked}

@@ -1,0 +1,82 @@
+"""``ddtrain advise``: the ranked table and --json from a small model, and one clear error for every bad input."""
+import json
+
+import pytest
+
+from helpers import assert_one_clear_error, ddtrain
+
+from ddtrain import cli
+
+BASE = ["advise", "--model", "mlp", "--data", "mnist", "--workers", "4", "--step-time", "20ms",
+        "--link-rate", "100mbit", "--latency", "2ms", "--compressions", "none,fp16", "--sync-every", "4"]
+
+
+def test_json_ranks_every_method_and_picks_the_fastest_eligible(tmp_path, capsys):
+    out = tmp_path / "advice.json"
+    assert cli.main([*BASE, "--burst", "emulated", "--json", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "# first choice:" in table and "bytes/step" in table
+    advice = json.loads(out.read_text())
+    ranked = advice["ranked"]
+    times = [r["step_s"] for r in ranked]
+    assert times == sorted(times)
+    # every DDP-family strategy with both compressions, and local-sgd at K=4
+    assert {r["label"] for r in ranked} >= {"ddp none (native)", "ring fp16", "tree none", "local-sgd K=4 (ring)"}
+    eligible = [r for r in ranked if r["eligible"]]
+    assert advice["first_choice"]["label"] == eligible[0]["label"]
+    # mlp (784-128-128-10): 118 282 parameters; a ring sends 2(R-1)/R of them, fp16 half of that
+    ring = next(r for r in ranked if r["label"] == "ring none")
+    assert ring["bytes_per_step"] == pytest.approx(1.5 * 4 * 118_282)
+    assert next(r for r in ranked if r["label"] == "ring fp16")["bytes_per_step"] == pytest.approx(0.75 * 4 * 118_282)
+    assert advice["network"]["burst_bytes"] == 65536
+
+
+def test_calibration_file_and_params(tmp_path, capsys):
+    cal = tmp_path / "loaded.json"
+    cal.write_text(json.dumps({"loaded": {"alpha_s": 0.003, "beta_s_per_byte": 8e-8, "burst_bytes": 1000}}))
+    assert cli.main(["advise", "--params", "1_000_000", "--workers", "2", "--step-time", "0.1",
+                     "--calibration", str(cal), "--compressions", "none", "--sync-every", "20", "--json", "-"]) == 0
+    advice = json.loads(capsys.readouterr().out)
+    assert advice["network"]["alpha_s"] == 0.003 and advice["network"]["burst_bytes"] == 1000
+    assert advice["workload"]["params"] == 1_000_000
+
+
+@pytest.mark.parametrize("argv, phrase", [
+    (["--workers", "4", "--step-time", "1", "--link-rate", "1gbit"], "--model NAME or --params"),
+    (["--model", "mlp", "--params", "5", "--workers", "4", "--step-time", "1", "--link-rate", "1gbit"], "exactly one"),
+    (["--model", "nope", "--workers", "4", "--step-time", "1", "--link-rate", "1gbit"], "nope"),
+    (["--model", "mlp", "--workers", "0", "--step-time", "1", "--link-rate", "1gbit"], "--workers"),
+    (["--model", "mlp", "--workers", "4", "--link-rate", "1gbit"], "--step-time"),
+    (["--model", "mlp", "--workers", "4", "--step-time", "fast", "--link-rate", "1gbit"], "--step-time"),
+    (["--model", "mlp", "--workers", "4", "--step-time", "1"], "--link-rate"),
+    (["--model", "mlp", "--workers", "4", "--step-time", "1", "--link-rate", "100mbps"], "ambiguous"),
+    (["--model", "mlp", "--workers", "4", "--step-time", "1", "--link-rate", "1gbit", "--latency", "soon"], "--latency"),
+    (["--model", "mlp", "--workers", "4", "--step-time", "1", "--link-rate", "1gbit", "--compressions", "zip"],
+     "compression"),
+    (["--model", "mlp", "--workers", "4", "--step-time", "1", "--link-rate", "1gbit", "--sync-every", "0"],
+     "--sync-every"),
+    (["--model", "mlp", "--workers", "4", "--step-time", "1", "--link-rate", "1gbit", "--strategies", "ps-async"],
+     "cannot be predicted"),
+    (["--model", "mlp", "--workers", "4", "--step-time", "1", "--link-rate", "1gbit", "--procs-per-node", "3"],
+     "--procs-per-node"),
+    (["--model", "mlp", "--workers", "4", "--step-time", "1", "--calibration", "/nonexistent.json"], "no such file"),
+    (["--model", "mlp", "--data", "svhn", "--workers", "4", "--step-time", "1", "--link-rate", "1gbit"], "--data"),
+])
+def test_bad_input_is_one_clear_error(argv, phrase, capsys):
+    assert cli.main(["advise", *argv]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and phrase in errors[0], err
+
+
+def test_calibration_without_alpha_is_refused(tmp_path, capsys):
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"something": 1}))
+    assert cli.main(["advise", "--model", "mlp", "--workers", "4", "--step-time", "1", "--calibration", str(cal)]) == 2
+    assert "no alpha_s and beta_s_per_byte" in capsys.readouterr().err
+
+
+def test_the_command_exits_with_one_line_in_a_process():
+    assert_one_clear_error(ddtrain("advise", "--model", "mlp", "--workers", "4", "--step-time", "-1",
+                                   "--link-rate", "1gbit", timeout=120), "--step-time")

@@ -149,7 +149,7 @@ def test_lost_means_killed_by_a_signal_other_than_a_stop():
 def test_elastic_conf_adds_heartbeat_and_last_call_keeping_given_values():
     out = launch.elastic_conf(["--rdzv-backend", "c10d", "--rdzv-conf", "is_host=true,last_call_timeout=9"])
     conf = dict(item.split("=") for item in out[out.index("--rdzv-conf") + 1].split(","))
-    assert conf == {"last_call_timeout": "9", "keep_alive_interval": "1", "keep_alive_max_attempt": "5",
+    assert conf == {"last_call_timeout": "9", "keep_alive_interval": "1", "keep_alive_max_attempt": "3",
                     "is_host": "true"}
     assert out.count("--rdzv-conf") == 1
 

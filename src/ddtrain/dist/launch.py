@@ -244,9 +244,9 @@ def run_elastic(sizes: list[int], argv: list[str], *, max_restarts: int = 0, env
 
 
 # torchrun's c10d rendezvous for --nnodes MIN:MAX. A node that stops sending heartbeats is dropped
-# after interval x attempts (5 s; torch's default is 15 s), and once MIN nodes are in, the others
+# after interval x attempts (3 s; torch's default is 15 s), and once MIN nodes are in, the others
 # get last_call more seconds to join (torch's default 30 s) before the job re-forms without them.
-ELASTIC_RDZV_CONF = {"last_call_timeout": "5", "keep_alive_interval": "1", "keep_alive_max_attempt": "5"}
+ELASTIC_RDZV_CONF = {"last_call_timeout": "5", "keep_alive_interval": "1", "keep_alive_max_attempt": "3"}
 
 
 def elastic_conf(rendezvous: list[str], conf: dict | None = None) -> list[str]:

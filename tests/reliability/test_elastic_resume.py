@@ -12,7 +12,7 @@ import shutil
 import pytest
 import torch
 
-from helpers import assert_same_parameters
+from helpers import assert_one_clear_error, assert_same_parameters, ddtrain
 from multirank import run_ranks
 
 from ddtrain import TrainConfig, fit
@@ -74,9 +74,87 @@ def run_matrix(strategy, tmp_path, servers=0, sizes=(3, 4)):
     return results
 
 
-def test_ddp_resumes_on_3_and_4_workers_as_the_uninterrupted_2_worker_run(tmp_path):
-    run_matrix("ddp", tmp_path)
+def test_ddp_resumes_on_3_workers_as_the_uninterrupted_2_worker_run(tmp_path):
+    run_matrix("ddp", tmp_path, sizes=(3,))
 
 
-def test_ps_sync_resumes_on_3_workers_with_the_servers_state(tmp_path):
-    run_matrix("ps-sync", tmp_path, servers=1, sizes=(3,))
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy,servers", [("ddp", 0), ("ring", 0), ("tree", 0), ("ps-sync", 1)])
+def test_acceptance_2_workers_then_3_and_4_equal_the_uninterrupted_run(strategy, servers, tmp_path):
+    """Acceptance 1: --global-batch-size 96, 2 workers to step 30, then 3 and 4 workers to 60 from that checkpoint."""
+    run_matrix(strategy, tmp_path, servers=servers, sizes=(3, 4))
+
+
+def test_a_grad_accum_that_no_longer_divides_is_rechosen_and_training_is_unchanged(tmp_path):
+    """--grad-accum 16 on 2 workers (micro-batches of 3); on 4 workers 96 / (4 x 16) is no integer: 24 is chosen."""
+    ref = tmp_path / "ref.pt"
+    run_ranks(train_rank, 2, "ddp", 40, save=str(ref), grad_accum=16)
+    first = tmp_path / "ckpt"
+    run_ranks(train_rank, 2, "ddp", 30, str(first), grad_accum=16)
+    out = tmp_path / "4.pt"
+    ranks = run_ranks(train_rank, 4, "ddp", 40, str(first), True, save=str(out), grad_accum=16)
+    assert ranks[0]["grad_accum"] == 24 and ranks[0]["global_batch_size"] == G
+    assert_same_parameters(load(ref), load(out), rtol=1e-5)
+
+
+# ---- bad input: one clear message, nothing overwritten ----
+
+def single_run(directory, resume=False, steps=12, **extra):
+    os.environ.pop("RANK", None)
+    config = TrainConfig.from_flat(model="mlp", data="synthetic", steps=steps, global_batch_size=G, lr=0.05, seed=3,
+                                   val_fraction=0.0, quiet=True, checkpoint_dir=str(directory), resume=resume,
+                                   **extra)
+    return fit(elastic_model(), elastic_data(), config)
+
+
+@pytest.fixture(scope="module")
+def one_worker_checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bad") / "ckpt"
+    single_run(folder)
+    return folder
+
+
+def snapshot(folder):
+    """The checkpoint files' bytes (the directory's lock file records who holds it, and may change)."""
+    return {p.name: p.read_bytes() for _, p in checkpoint.listing(folder)}
+
+
+def test_a_worker_count_that_does_not_divide_the_global_batch_is_refused_naming_those_that_do(one_worker_checkpoint):
+    before = snapshot(one_worker_checkpoint)
+    result = ddtrain("train", "--model", "mlp", "--data", "digits", "--nproc", "5", "--global-batch-size", "96",
+                     "--steps", "20", "--checkpoint-dir", str(one_worker_checkpoint), "--resume", timeout=120)
+    assert_one_clear_error(result, "--global-batch-size 96 samples cannot be shared by 5 worker(s)",
+                           "worker counts that can: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96")
+    assert snapshot(one_worker_checkpoint) == before
+
+
+@pytest.mark.parametrize("change,named", [
+    (dict(data="another-set"), "data='synthetic' vs 'another-set'"),
+    (dict(model_args={"hidden": (16,)}), "model_args="),
+    (dict(global_batch_size=48), "global_batch_size=96 vs 48"),
+])
+def test_a_checkpoint_of_another_model_or_data_set_is_refused_naming_the_field(one_worker_checkpoint, change, named):
+    before = snapshot(one_worker_checkpoint)
+    config = TrainConfig.from_flat(**{**dict(model="mlp", data="synthetic", steps=20, global_batch_size=G, lr=0.05,
+                                             seed=3, val_fraction=0.0, quiet=True, resume=True,
+                                             checkpoint_dir=str(one_worker_checkpoint)), **change})
+    torch.manual_seed(0)
+    model = build_model("mlp", num_classes=10, in_channels=1, input_size=(8, 8),
+                        hidden=config.model_args.get("hidden", (32, 16)))
+    with pytest.raises(DDTrainError, match="does not fit this run: it has .*" + named.replace("(", r"\(")):
+        fit(model, elastic_data(), config)
+    assert snapshot(one_worker_checkpoint) == before
+
+
+def test_a_checkpoint_written_without_a_global_batch_resumes_only_at_its_own_size():
+    from ddtrain.reliability import checkpoint_elastic
+    from ddtrain.reliability.consistency import ConfigMismatch
+    config = TrainConfig.from_flat(model="mlp", data="synthetic", batch_size=32)
+    theirs = checkpoint_elastic.section(config, workers=2, servers=0, train_samples=N, resize_rule="identical")
+    now = {**theirs, "workers": 3}
+    fingerprint = {"model": "mlp", "batch_size": 32}
+    with pytest.raises(ConfigMismatch, match="was written by 2 workers and resumes only on 2 .this run has 3.: "
+                                             "written without --global-batch-size"):
+        checkpoint_elastic.check({"elastic": theirs, "fingerprint": fingerprint}, fingerprint, now, "ckpt-1.pt")
+    assert checkpoint_elastic.check({"fingerprint": {**fingerprint, "world_size": 3}}, {**fingerprint, "world_size": 3},
+                                    now, "old.pt") is False   # an old checkpoint at its own size: as before

@@ -131,6 +131,6 @@ def test_bad_specs_and_strategies_without_gradients_are_refused_naming_the_field
     assert error.value.field == "compression"
     model = _model()
     for strategy in ("local-sgd", "hybrid"):
-        with pytest.raises(DDTrainError, match=f"not supported with strategy '{strategy}'"):
+        with pytest.raises(DDTrainError, match=f"not supported with --strategy {strategy}"):
             wrap(strategy, model, torch.optim.SGD(model.parameters(), lr=0.1), SyncOptions(compression="fp16"))
 

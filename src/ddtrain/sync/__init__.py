@@ -25,6 +25,7 @@ from ddtrain.sync.base import Strategy, SyncOptions, SyncStats, single_process
 from ddtrain.sync.ddp import DDPStrategy
 from ddtrain.sync.hybrid import HybridStrategy
 from ddtrain.sync.local_sgd import LocalSGDStrategy
+from ddtrain.sync.ps.protocol import wire_dtype
 from ddtrain.sync.ps.strategy import build_param_server
 from ddtrain.sync.spec import LOCAL_SGD_OPTIONS, StrategySpec
 
@@ -68,6 +69,18 @@ def strategy_spec(name: str) -> StrategySpec:
     return STRATEGIES[name]
 
 
+def check_compression(strategy: str, compression: str) -> None:
+    """Refuse ``--compression`` for a strategy that sends no gradients (local-sgd, hybrid), naming those that do,
+    and the methods parameter servers cannot carry (``ps.protocol.wire_dtype``)."""
+    spec = strategy_spec(strategy)
+    if compression != "none" and not spec.takes_option("compression"):
+        readers = ", ".join(n for n, s in STRATEGIES.items() if s.takes_option("compression"))
+        raise DDTrainError(f"--compression {compression} is not supported with --strategy {strategy}: it compresses "
+                           f"gradients, which only {readers} send")
+    if spec.uses_servers:
+        wire_dtype(strategy, compression)
+
+
 def wrap(strategy: str, model, optimizer, options: SyncOptions | None = None) -> Strategy:
     """Apply ``strategy`` to a model already on its device and an optimizer over its parameters."""
     spec = strategy_spec(strategy)
@@ -77,9 +90,7 @@ def wrap(strategy: str, model, optimizer, options: SyncOptions | None = None) ->
         # replicas that step apart (local SGD) or workers whose sync is the servers' have no such step
         raise DDTrainError(f"sync_batchnorm=True is not supported with strategy {strategy!r}: it needs a "
                            f"DDP-based strategy ({', '.join(n for n, s in STRATEGIES.items() if s.sync_in_backward)})")
-    if options.compression != "none" and not spec.takes_option("compression"):
-        raise DDTrainError(f"compression {options.compression!r} is not supported with strategy {strategy!r}: it "
-                           f"compresses gradients, which only {', '.join(n for n, s in STRATEGIES.items() if s.takes_option('compression'))} send")
+    check_compression(strategy, options.compression)
     if dist.is_initialized() and dist.get_world_size() > 1:
         applied = spec.build(model, optimizer, options)
     else:

@@ -43,6 +43,8 @@ def validate(config: TrainConfig, workers: int) -> None:
     if config.out and not config.out.endswith(".json"):
         raise DDTrainError(f"--out {config.out!r} should name a .json file")
     config = recipe.resolve(config, workers)   # --global-batch-size divides into workers x micro-batches
+    from ddtrain.sync import check_compression
+    check_compression(config.strategy, config.sync.compression)   # before any worker starts
     data, model = load_and_build(config, meta=True)
     sampler = ShardSampler(len(data.train), rank=0, world_size=workers, policy=config.sharding)  # n >= workers
     per_rank = len(data.train) // workers

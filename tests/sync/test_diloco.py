@@ -217,3 +217,32 @@ def test_command_line_names_the_flag(capsys):
     assert main(["train", "--strategy", "local-sgd", "--outer-lr", "0.5", "--steps", "1"]) != 0
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 1 and "--outer-lr" in errors[0] and "outer_optimizer='nesterov'" in errors[0], errors
+
+
+def test_one_process_outer_step_and_a_loaded_state_restarts_the_interval():
+    """The outer step by hand on one replica (world size 1: the mean is the replica), and ``load_state_dict`` re-anchors."""
+    from ddtrain.sync.local_sgd import LocalSGDStrategy
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    strategy = LocalSGDStrategy(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                SyncOptions(outer_optimizer="nesterov", sync_every=2))
+    anchor = [p.detach().clone() for p in model.parameters()]
+    buf = [torch.zeros_like(a) for a in anchor]
+    for _ in range(2):                                    # two averagings of two "local steps" each
+        for _ in range(2):
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(torch.randn_like(p) * 0.1)
+            local = [p.detach().clone() for p in model.parameters()]
+            strategy.after_step(0)
+        for i, x in enumerate(local):
+            g = anchor[i] - x
+            buf[i] = 0.9 * buf[i] + g
+            anchor[i] = anchor[i] - 0.7 * (g + 0.9 * buf[i])
+        for a, p in zip(anchor, model.parameters()):
+            assert torch.allclose(a, p, rtol=0, atol=1e-6)
+    loaded = {k: v + 1 for k, v in model.state_dict().items()}
+    model.load_state_dict(loaded)
+    assert all(torch.equal(a, p) for a, p in zip(strategy.anchor, model.parameters()))
+    strategy.update_stats()
+    assert strategy.stats.extra["averagings"] == 2 and strategy.stats.extra["outer_lr"] == 0.7

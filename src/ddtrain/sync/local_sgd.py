@@ -23,6 +23,7 @@ import dataclasses
 import math
 import statistics
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -103,8 +104,10 @@ class LocalSGDStrategy(PeriodicStrategy):
         if self.warmup_steps:
             # buffers are averaged at the averagings, not sent from rank 0 before every forward
             self.hook = WarmupHook(ALGORITHM, None, ledger)
-            wrapped = ddp_model(model, dataclasses.replace(options, no_broadcast_buffers=True),
-                                comm_hook=warmup_hook, hook_state=self.hook)   # DDP broadcasts rank 0's state (not counted)
+            with warnings.catch_warnings():   # newer torch renames broadcast_buffers; the old name still means it
+                warnings.filterwarnings("ignore", message=".*broadcast_buffers.*", category=FutureWarning)
+                wrapped = ddp_model(model, dataclasses.replace(options, no_broadcast_buffers=True),
+                                    comm_hook=warmup_hook, hook_state=self.hook)   # broadcasts rank 0's state (not counted)
         else:
             wrapped = model
             broadcast_(state_tensors(model), counted=False)

@@ -99,13 +99,27 @@ def test_fp16_bf16_powersgd_reach_torchs_hooks_bit_for_bit_on_ring_and_ddp():
 
 
 def traffic_on_rank():
-    return {method: ours("ring", method)[1]["bytes_sent"] for method in ("none", "fp16", "bf16", "powersgd:4:2",
-                                                                         "topk:0.1")}
+    runs = {method: ours("ring", method) for method in ("none", "fp16", "bf16", "powersgd:4:2", "topk:0.1")}
+    out = {method: stats["bytes_sent"] for method, (_, stats) in runs.items()}
+    out["ring parameters"] = runs["powersgd:4:2"][0]
+    for algorithm in ("ring-async", "tree", "butterfly", "central"):   # the same hook over every algorithm
+        out[algorithm] = {method: ours(algorithm, method) for method in ("none", "powersgd:4:2")}
+    return out
 
 
 def test_recorded_bytes_halve_exactly_and_match_the_formulas_on_three_ranks():
     world = 3
     ranks = run_ranks(traffic_on_rank, world)
+    for algorithm in ("ring-async", "tree", "butterfly", "central"):
+        runs = [r.pop(algorithm) for r in ranks]
+        # per rank the algorithms differ (central's rank 0 sends ·N); over the ranks all send 2(R-1)·N
+        for method in ("none", "powersgd:4:2"):
+            assert sum(run[method][1]["bytes_sent"] for run in runs) == sum(r[method] for r in ranks), (algorithm, method)
+        for rank, run in zip(ranks, runs):   # the same update as over the ring, up to the order of the sums
+            for got, want in zip(run["powersgd:4:2"][0], rank["ring parameters"]):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    for r in ranks:
+        r.pop("ring parameters")
     for sent in ranks:      # every rank's ring chunks have the same element counts: exactly half, rank by rank
         assert sent["fp16"] * 2 == sent["none"] and sent["bf16"] * 2 == sent["none"]
     total = {method: sum(r[method] for r in ranks) for method in ranks[0]}

@@ -9,6 +9,7 @@ configuration back as flags (``to_argv``), parsed once each.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 
@@ -104,6 +105,13 @@ def main(args) -> int:
     if config.dist.max_nodes > 1:  # the launchers of all nodes are one run (one checkpoint directory and lineage)
         from ddtrain.dist.env import share_run_id
         share_run_id(config.dist.rdzv_endpoint)
+    if elastic_nodes and not config.reliability.resume:
+        from ddtrain.reliability import ownership
+        if ownership.held_by_this_run(config.reliability.checkpoint_dir):
+            # a node joining the running job (same run id): its workers take the job's state, they do not start one
+            print(f"ddtrain: note: --checkpoint-dir {config.reliability.checkpoint_dir} is held by this job's other "
+                  f"nodes; joining the running job", file=sys.stderr, flush=True)
+            config = dataclasses.replace(config, reliability=dataclasses.replace(config.reliability, resume=True))
     if args.min_nproc < args.nproc:
         if config.dist.max_nodes > 1:
             raise DDTrainError(f"--nproc {args.min_nproc}:{args.nproc} is for one machine; across nodes give the "

@@ -27,6 +27,9 @@ def main(argv: list[str] | None = None) -> int:
     from ddtrain.cluster.links import NODE_ENV
     args = _torchrun_parser().parse_args(sys.argv[1:] if argv is None else argv)
     node = os.environ.get(NODE_ENV, args.node_rank)  # with c10d the rendezvous numbers the nodes itself
+    if args.max_restarts:  # a restart for a joining node resumes too (elastic membership)
+        from ddtrain.dist.launch import count_reforms
+        count_reforms()
     notice = _RestartNotice(args.max_restarts)  # "ddtrain: worker rank R was killed ...; restarting all workers"
     try:
         run(args)

@@ -115,6 +115,25 @@ def strip_option(argv: list[str], name: str) -> list[str]:
     return out
 
 
+def count_reforms() -> None:
+    """In a torchrun agent: count every restart of its workers (a failure, or a node joining) in DDTRAIN_REFORMS.
+
+    The workers inherit the agent's environment when started, and take the count as their
+    attempt (rendezvous.add_attempt_base), so a job re-formed for a new node resumes.
+    """
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    from ddtrain.dist.rendezvous import REFORMS_ENV
+    original = SimpleElasticAgent._restart_workers
+    if getattr(original, "counts_reforms", False):
+        return
+
+    def restart_workers(self, worker_group):
+        os.environ[REFORMS_ENV] = str(int(os.environ.get(REFORMS_ENV, "0") or 0) + 1)
+        return original(self, worker_group)
+    restart_workers.counts_reforms = True
+    SimpleElasticAgent._restart_workers = restart_workers
+
+
 def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict | None = None,
               module: str = "ddtrain", nodes: tuple | None = None, outcome: dict | None = None) -> int:
     """Run ``python -m <module> <argv>`` as ``nproc`` ranks; the job's exit status (128 + N when signal N stopped it).
@@ -167,6 +186,8 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
                        *([] if logs is None else ["--log-dir", logs.root, "--redirects", "2"]),
                        "--module", module, *argv])
     failed = True
+    if max_restarts:
+        count_reforms()
     try:
         run(args)
         failed = False

@@ -152,14 +152,28 @@ RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 ATTEMPT_BASE_ENV = "DDTRAIN_ATTEMPT_BASE"
 
 
-def add_attempt_base() -> None:
-    """Count the attempts of earlier torchruns of this job into TORCHELASTIC_RESTART_COUNT (once per process).
+# Every restart of the workers by this node's agent, a node joining included (dist.launch.count_reforms).
+REFORMS_ENV = "DDTRAIN_REFORMS"
 
-    The loop resumes from the last checkpoint, and faults stay quiet, in every attempt after the first.
+
+def _count(name: str) -> int:
+    value = os.environ.pop(name, "").strip()
+    return int(value) if value.isdigit() else 0
+
+
+def add_attempt_base() -> None:
+    """Count every earlier attempt of this job into TORCHELASTIC_RESTART_COUNT (once per process).
+
+    torchrun counts only the restarts after a failure: when a node joins an elastic job its agents
+    restart the workers with the count unchanged (0 if nothing failed yet), and those workers
+    would start from step 0 instead of the last checkpoint. ddtrain's agents count every restart
+    (DDTRAIN_REFORMS); an elastic launcher that starts torchrun anew per size adds its earlier
+    attempts (DDTRAIN_ATTEMPT_BASE). The loop resumes, and faults stay quiet, after the first.
     """
-    base = os.environ.pop(ATTEMPT_BASE_ENV, "").strip()
-    if base.isdigit() and int(base) > 0:
-        os.environ[RESTART_COUNT] = str(int(os.environ.get(RESTART_COUNT, "0") or 0) + int(base))
+    base, reforms = _count(ATTEMPT_BASE_ENV), _count(REFORMS_ENV)
+    count = max(int(os.environ.get(RESTART_COUNT, "0") or 0), reforms) + base
+    if base or reforms:
+        os.environ[RESTART_COUNT] = str(count)
 
 
 def _check_in(store, env, timeout_s, deadline, where):

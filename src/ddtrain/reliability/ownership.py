@@ -124,6 +124,13 @@ def check_free(directory) -> None:
             raise _in_use(directory, owner)
 
 
+def held_by_this_run(directory) -> bool:
+    """True when a live process of this run (same DDTRAIN_RUN_ID: another node's launcher) holds ``directory``."""
+    me = run_id()
+    return any((owner := _holder(Path(directory) / name)) is not None and owner.get("run_id") == me
+               for name in LOCKS.values())
+
+
 def claim(directory, role: str) -> dict | None:
     """Hold ``directory``'s lock for ``role`` ("launcher" or "rank0") until this process ends or ``release``.
 

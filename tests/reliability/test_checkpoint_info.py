@@ -8,6 +8,7 @@ import torch
 
 from helpers import ddtrain
 
+from ddtrain.cli import main
 from ddtrain import TrainConfig, fit
 from ddtrain.data import Data
 from ddtrain.data.arrays import ArrayDataset
@@ -33,10 +34,16 @@ def written(tmp_path_factory):
     return folder
 
 
-def test_a_whole_checkpoint_is_described_and_verified(written):
-    result = ddtrain("checkpoint", "info", str(written / "ckpt-00000012.pt"), timeout=120)
-    assert result.returncode == 0, result.stderr
-    out = result.stdout
+def info(capsys, target) -> tuple[int, str, str]:
+    """``ddtrain checkpoint info TARGET`` run in this process: (exit status, stdout, stderr)."""
+    code = main(["checkpoint", "info", str(target)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_a_whole_checkpoint_is_described_and_verified(written, capsys):
+    code, out, err = info(capsys, written / "ckpt-00000012.pt")
+    assert code == 0, err
     assert "step:          12 (epoch 2, 2 of its steps done)" in out   # 10 steps an epoch: 1000 samples, 96 a step
     assert ("configuration: strategy ddp, model mlp, data synthetic (1000 training samples), global batch 96, "
             "grad-accum 2, 1 workers (world size 1), seed 3") in out
@@ -45,25 +52,28 @@ def test_a_whole_checkpoint_is_described_and_verified(written):
     assert "integrity:     ok" in out
 
 
-def test_a_damaged_checkpoint_names_what_is_wrong_and_exits_non_zero(written, tmp_path):
+def test_a_damaged_checkpoint_names_what_is_wrong_and_exits_non_zero(written, tmp_path, capsys):
     folder = shutil.copytree(written, tmp_path / "ckpt")
     newest = folder / "ckpt-00000012.pt"
     data = bytearray(newest.read_bytes())
     data[-500] ^= 0xFF          # one flipped byte inside the payload
     newest.write_bytes(bytes(data))
-    result = ddtrain("checkpoint", "info", str(newest), timeout=120)
-    assert result.returncode == 1
-    assert "integrity:     DAMAGED: checksum mismatch (the bytes changed after writing)" in result.stdout
-    assert "step:          12" in result.stdout      # the header is still readable and shown
+    code, out, _ = info(capsys, newest)
+    assert code == 1
+    assert "integrity:     DAMAGED: checksum mismatch (the bytes changed after writing)" in out
+    assert "step:          12" in out      # the header is still readable and shown
     # the directory: every file, the newest whole one named, non-zero because one is damaged
     infos = inspect(folder)
     assert [(i.path.name, i.problem is None) for i in infos] == [("ckpt-00000012.pt", False), ("ckpt-00000006.pt", True)]
+    code, out, _ = info(capsys, folder)
+    assert code == 1 and "# 2 checkpoints, newest whole: ckpt-00000006.pt; damaged: ckpt-00000012.pt" in out
     truncated = folder / "ckpt-00000006.pt"
     truncated.write_bytes(truncated.read_bytes()[:-10])
     assert inspect(truncated)[0].problem.startswith("truncated: ")
 
 
 def test_info_on_nothing_is_one_clear_error(tmp_path):
+    """The real command, as a user runs it: one line, no traceback."""
     result = ddtrain("checkpoint", "info", str(tmp_path), timeout=120)
     assert result.returncode != 0 and "no checkpoint files" in result.stderr
     assert "Traceback" not in result.stderr

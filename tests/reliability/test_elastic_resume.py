@@ -85,6 +85,7 @@ def test_acceptance_2_workers_then_3_and_4_equal_the_uninterrupted_run(strategy,
     run_matrix(strategy, tmp_path, servers=servers, sizes=(3, 4))
 
 
+@pytest.mark.slow
 def test_a_grad_accum_that_no_longer_divides_is_rechosen_and_training_is_unchanged(tmp_path):
     """--grad-accum 16 on 2 workers (micro-batches of 3); on 4 workers 96 / (4 x 16) is no integer: 24 is chosen."""
     ref = tmp_path / "ref.pt"
@@ -95,6 +96,26 @@ def test_a_grad_accum_that_no_longer_divides_is_rechosen_and_training_is_unchang
     ranks = run_ranks(train_rank, 4, "ddp", 40, str(first), True, save=str(out), grad_accum=16)
     assert ranks[0]["grad_accum"] == 24 and ranks[0]["global_batch_size"] == G
     assert_same_parameters(load(ref), load(out), rtol=1e-5)
+
+
+# ---- strategies whose state is per rank: what a resize does ----
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy,rule", [("local-sgd", "average"), ("hybrid", "rank0")])
+def test_a_resize_of_per_rank_state_averages_or_takes_rank_0_at_the_boundary(strategy, rule, tmp_path):
+    """local-sgd: the resumed replicas start from the mean of the checkpoint's replicas (an averaging at the boundary);
+    hybrid: from rank 0's (its broadcast). Checked against the replicas read from the checkpoint file itself."""
+    first = tmp_path / "ckpt"
+    run_ranks(train_rank, 2, strategy, 30, str(first), sync_every=4)   # last sync at step 28
+    _, payload = checkpoint.read(checkpoint.path_for(first, 30))
+    replicas = [part["model"] for part in payload["ranks"]]
+    if rule == "average":   # local steps since step 28: the replicas differ (hybrid's ring keeps them equal on CPU)
+        assert any(not torch.equal(replicas[0][k], replicas[1][k]) for k in replicas[0])
+    expected = {k: (replicas[0][k] + replicas[1][k]) / 2 if rule == "average" else replicas[0][k] for k in replicas[0]}
+    out = tmp_path / "3.pt"
+    ranks = run_ranks(train_rank, 3, strategy, 30, str(first), True, save=str(out), sync_every=4)  # no step more
+    assert ranks[0]["resumed_from"]["workers_was"] == 2
+    assert_same_parameters(expected, load(out), rtol=1e-6)
 
 
 # ---- bad input: one clear message, nothing overwritten ----
@@ -119,6 +140,20 @@ def snapshot(folder):
     return {p.name: p.read_bytes() for _, p in checkpoint.listing(folder)}
 
 
+def test_resume_rechooses_grad_accum_or_refuses_naming_the_worker_counts_that_fit():
+    from ddtrain.training import recipe
+    config = TrainConfig.from_flat(global_batch_size=96, grad_accum=16, resume=True, checkpoint_dir="unused")
+    assert recipe.resolve(config, 4).grad_accum == 24 and recipe.resolve(config, 4).batch_size == 1
+    assert recipe.resolve(config, 3).grad_accum == 16 and recipe.resolve(config, 3).batch_size == 2   # 96 = 3 x 16 x 2
+    assert recipe.resolve(config, 48).grad_accum == 2                                   # 48 x 16 > 96: the largest below
+    with pytest.raises(DDTrainError, match="worker counts that can: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96"):
+        recipe.resolve(config, 5)
+    fresh = TrainConfig.from_flat(global_batch_size=96, grad_accum=16)   # not a resume: refused as before
+    with pytest.raises(DDTrainError, match="worker counts that divide it with --grad-accum 16: 1, 2, 3, 6"):
+        recipe.resolve(fresh, 4)
+
+
+@pytest.mark.slow
 def test_a_worker_count_that_does_not_divide_the_global_batch_is_refused_naming_those_that_do(one_worker_checkpoint):
     before = snapshot(one_worker_checkpoint)
     result = ddtrain("train", "--model", "mlp", "--data", "digits", "--nproc", "5", "--global-batch-size", "96",

@@ -118,7 +118,7 @@ def test_candidates_check_their_inputs():
     infos = [StrategyInfo(name="ring", algorithm="ring", kind="gradient"),
              StrategyInfo(name="local-sgd", algorithm="ring", kind="average", compressible=False)]
     methods = advise.candidates(infos, ["none", "powersgd:2"], [4, 20])
-    assert [m.label for m in methods] == ["ring none", "ring powersgd:2", "local-sgd K=4 (ring)", "local-sgd K=20 (ring)"]
+    assert [m.label for m in methods] == ["ring none", "ring powersgd:2", "local-sgd average K=4", "local-sgd average K=20"]
     with pytest.raises(DDTrainError, match="compression"):
         advise.candidates(infos, ["zip"], [4])
     with pytest.raises(DDTrainError, match="interval"):
@@ -140,4 +140,13 @@ def test_risks():
     assert not risk_of("powersgd:1").within(1.0)
     assert risk_of("topk:0.01").points is None
     assert risk_of(local_sgd_interval=1) is EXACT
-    assert risk_of(local_sgd_interval=20).basis in ("unmeasured", "ours")
+    # our DiLoCo run (results/diloco/cluster_100mbit.json): K=20 with the outer Nesterov step within 1 point, plain
+    # averaging at K=20 1.07 points below ddp; K=4 was not measured
+    assert risk_of(local_sgd_interval=20, outer="nesterov").within(1.0)
+    assert not risk_of(local_sgd_interval=20, outer="average").within(1.0)
+    assert risk_of(local_sgd_interval=4, outer="nesterov").points is None
+
+
+def test_diloco_runs_with_its_flags():
+    m = Method(strategy="local-sgd", algorithm="ring", kind="average", sync_every=20, outer="nesterov")
+    assert m.train_args() == ["--strategy", "local-sgd", "--sync-every", "20", "--outer-optimizer", "nesterov"]

@@ -39,12 +39,13 @@ def add_arguments(parser) -> None:
     run.add_argument("--procs-per-node", type=int, default=1, help="ranks sharing one node (its link)")
     run.add_argument("--step-time", help="measured compute step (forward+backward+optimizer, no communication), "
                                          "e.g. 0.4 or 400ms")
-    run.add_argument("--measure", action="store_true", help="time a few steps of --model here instead of --step-time")
+    run.add_argument("--measure", action="store_true", help="time a few steps of --model here (one thread) instead of "
+                                                            "--step-time")
     run.add_argument("--host-cores", type=int, help="cores the ranks of one host share (with --ranks-per-host: the "
-                                                    "work measured alone here slows down by ranks x threads / cores)")
+                                                    "work measured here on one thread slows down by ranks / cores)")
     run.add_argument("--ranks-per-host", type=int, help="ranks sharing --host-cores (every rank in the emulated cluster)")
-    run.add_argument("--cpu-factor", type=float, help="how much slower work measured alone here runs in the job "
-                                                      "(measured, e.g. compute step in the job / alone); overrides "
+    run.add_argument("--cpu-factor", type=float, help="how much slower work timed here on one thread runs in the job "
+                                                      "(measured: compute step in the job / here); overrides "
                                                       "--host-cores/--ranks-per-host")
     link = parser.add_argument_group("the link (--link-rate, or --calibration)")
     link.add_argument("--link-rate", help="each node's link rate in tc's bit units, e.g. 100mbit, 1gbit")
@@ -108,8 +109,27 @@ def build(args, device: str = "meta"):
         return build_model(args.model, num_classes=classes or 1, in_channels=channels, input_size=(side, side))
 
 
+class one_thread:
+    """Time on one thread: on a shared, loaded host two OpenMP threads spin against each other's load and a
+    ResNet-18 step measured 17.4 s on two threads against 2.2 s on one (docs/ADVISE.md)."""
+
+    def __enter__(self):
+        import torch
+        self.threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+
+    def __exit__(self, *exc):
+        import torch
+        torch.set_num_threads(self.threads)
+
+
 def measure_step(args, steps: int = 5) -> float:
-    """Median seconds of a forward+backward+SGD step of --model with --batch-size random inputs, here, alone."""
+    """Median seconds of a forward+backward+SGD step of --model with --batch-size random inputs, here, alone, one thread."""
+    with one_thread():
+        return _measure_step(args, steps)
+
+
+def _measure_step(args, steps: int) -> float:
     import torch
 
     from ddtrain.data.synthetic import SHAPES
@@ -135,11 +155,16 @@ def measure_step(args, steps: int = 5) -> float:
 
 
 def measure_codecs(specs, shapes, calls: int = 3) -> dict[str, float]:
-    """Median seconds of each compressor's own work on a gradient of ``shapes``, here, alone (one rank: no messages).
+    """Median seconds of each compressor's own work on a gradient of ``shapes``, here, alone, one thread (no messages).
 
     The compressor is the one training uses (``ddtrain.comm.compression.build``), past its warm-up,
     on a random buffer: what it adds to a step besides its collectives.
     """
+    with one_thread():
+        return _measure_codecs(specs, shapes, calls)
+
+
+def _measure_codecs(specs, shapes, calls: int) -> dict[str, float]:
     import torch
 
     from ddtrain.comm import compression
@@ -199,7 +224,8 @@ def strategy_infos(names: str | None):
             infos[name] = StrategyInfo(name=name, algorithm=spec.algorithm, kind="gradient",
                                        compressible=spec.takes_option("compression"))
         elif spec.periodic and not spec.sync_in_backward:
-            infos[name] = StrategyInfo(name=name, algorithm=LOCAL_SGD_ALGORITHM, kind="average")
+            outers = ("average", "nesterov") if spec.takes_option("outer_optimizer") else ("average",)
+            infos[name] = StrategyInfo(name=name, algorithm=LOCAL_SGD_ALGORITHM, kind="average", outers=outers)
         else:
             skipped[name] = ("asynchronous: no step time to predict" if not spec.synchronous and not spec.periodic
                              else "parameter servers: not modelled" if spec.uses_servers
@@ -268,12 +294,11 @@ def build_advice(args) -> dict:
         burst = parse_count(args.burst, "--burst") if args.burst != "0" else 0
     cpu_factor = 1.0
     if args.cpu_factor is not None:
-        if not (args.cpu_factor >= 1 and math.isfinite(args.cpu_factor)):
-            raise DDTrainError(f"--cpu-factor must be a number >= 1, got {args.cpu_factor}")
+        if not (args.cpu_factor > 0 and math.isfinite(args.cpu_factor)):
+            raise DDTrainError(f"--cpu-factor must be a number > 0, got {args.cpu_factor}")
         cpu_factor = args.cpu_factor
-    elif args.host_cores:
-        import torch
-        cpu_factor = cpu_slowdown(args.ranks_per_host, args.host_cores, min(torch.get_num_threads(), args.host_cores))
+    elif args.host_cores:   # the work was timed on one thread
+        cpu_factor = cpu_slowdown(args.ranks_per_host, args.host_cores)
     if args.measure:   # measured alone here: the job's ranks share the host
         workload = dataclasses.replace(workload, compute_s=compute_s * cpu_factor)
     codecs = measure_codecs([m.compression for m in methods if m.compression != "none"], shapes)

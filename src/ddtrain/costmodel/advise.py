@@ -47,12 +47,13 @@ class Method:
     kind: str                   # "gradient" (every step), "average" (parameters every sync_every steps)
     compression: str = "none"
     sync_every: int = 1
+    outer: str = "average"      # averaging strategies: "average" (the replicas' mean) or "nesterov" (DiLoCo's outer step)
     extra_ranks: int = 0        # ranks besides the workers that take part (parameter servers)
 
     @property
     def label(self) -> str:
         if self.kind == "average":
-            return f"{self.strategy} K={self.sync_every} ({self.algorithm})"
+            return f"{self.strategy} {self.outer} K={self.sync_every}"
         return f"{self.strategy} {self.compression}" + ("" if self.algorithm == self.strategy else f" ({self.algorithm})")
 
     def train_args(self) -> list[str]:
@@ -62,6 +63,8 @@ class Method:
             args += ["--compression", self.compression]
         if self.kind == "average":
             args += ["--sync-every", str(self.sync_every)]
+            if self.outer != "average":
+                args += ["--outer-optimizer", self.outer]
         return args
 
 
@@ -134,7 +137,7 @@ class Prediction:
     def as_dict(self) -> dict:
         m = self.method
         return {"label": m.label, "strategy": m.strategy, "algorithm": m.algorithm, "compression": m.compression,
-                "sync_every": m.sync_every, "kind": m.kind, "train_args": m.train_args(),
+                "sync_every": m.sync_every, "outer": m.outer, "kind": m.kind, "train_args": m.train_args(),
                 "step_s": self.step_s, "comm_s": self.comm_s, "codec_s": self.codec_s,
                 "bytes_per_step": self.bytes_per_step, "collectives_per_step": self.collectives_per_step,
                 "risk": self.risk.as_dict(), "eligible": self.eligible, "notes": self.notes}
@@ -149,6 +152,7 @@ class StrategyInfo:
     kind: str                   # gradient | average
     extra_ranks: int = 0
     compressible: bool = True   # takes --compression
+    outers: tuple[str, ...] = ("average",)   # averaging strategies: the outer steps it offers
 
 
 def candidates(strategies: Sequence[StrategyInfo], compression_specs: Sequence[str],
@@ -169,7 +173,8 @@ def candidates(strategies: Sequence[StrategyInfo], compression_specs: Sequence[s
             out += [Method(strategy=s.name, algorithm=s.algorithm, kind="gradient", compression=c,
                            extra_ranks=s.extra_ranks) for c in specs]
         elif s.kind == "average":
-            out += [Method(strategy=s.name, algorithm=s.algorithm, kind="average", sync_every=k) for k in intervals]
+            out += [Method(strategy=s.name, algorithm=s.algorithm, kind="average", sync_every=k, outer=o)
+                    for o in s.outers for k in intervals]
         else:
             raise DDTrainError(f"strategy {s.name!r}: unknown kind {s.kind!r} (gradient or average)")
     return out
@@ -258,7 +263,8 @@ def predict(method: Method, workload: Workload, network: Network) -> Prediction:
     sent = sum(allgather_bytes(b, ranks) if kind == "allgather" else allreduce_bytes(b, ranks) for kind, b in per_step)
     codec = codec_seconds(method, workload, network)
     every = method.sync_every if method.kind == "average" else 1
-    risk = risk_of(method.compression, local_sgd_interval=method.sync_every if method.kind == "average" else None)
+    risk = (risk_of(local_sgd_interval=method.sync_every, outer=method.outer) if method.kind == "average"
+            else risk_of(method.compression))
     return Prediction(method=method, step_s=workload.compute_s + (comm_s + codec) / every, comm_s=comm_s / every,
                       codec_s=codec / every, bytes_per_step=sent / every, collectives_per_step=len(per_step) / every,
                       risk=risk)
@@ -281,7 +287,7 @@ def top_distinct(ranked: Sequence[Prediction], n: int = 3) -> list[Prediction]:
     seen, out = set(), []
     for p in ranked:
         m = p.method
-        key = (m.kind, m.compression, m.sync_every, "ddp-family" if m.kind == "gradient" else m.strategy)
+        key = (m.kind, m.compression, m.sync_every, m.outer, "ddp-family" if m.kind == "gradient" else m.strategy)
         if p.eligible and key not in seen:
             seen.add(key)
             out.append(p)

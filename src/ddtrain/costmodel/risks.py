@@ -58,17 +58,26 @@ PUBLISHED: dict[str, Risk] = {
                              "perplexity on C4): neither measures our models at our intervals"),
 }
 
-# this repository's runs: method label -> Risk (filled in from results/compression/ and results/diloco/)
-OURS: dict[str, Risk] = {}
+# this repository's runs (accuracy points lost against ddp, mean of 3 seeds; negative: better than ddp),
+# keyed "local-sgd:K:OUTER" or by compression spec; each names its file. Their setting is MNIST's mlp,
+# not every model: the source says so.
+DILOCO_FILE = "results/diloco/cluster_100mbit.json"
+OURS: dict[str, Risk] = {
+    "local-sgd:20:nesterov": Risk(points=-0.267, basis="ours",
+                                  source=f"{DILOCO_FILE}: DiLoCo K=20 on MNIST's mlp, 4 nodes, 5 epochs, 3 seeds: "
+                                         "93.87% against ddp's 93.60%"),
+    "local-sgd:20:average": Risk(points=1.067, basis="ours",
+                                 source=f"{DILOCO_FILE}: plain averaging K=20 on MNIST's mlp, 4 nodes, 5 epochs, "
+                                        "3 seeds: 92.53% against ddp's 93.60%"),
+}
 
 
-def risk_of(compression: str = "none", *, local_sgd_interval: int | None = None) -> Risk:
+def risk_of(compression: str = "none", *, local_sgd_interval: int | None = None, outer: str = "average") -> Risk:
     """The accuracy risk of a gradient ``compression`` spec, or of local SGD every ``local_sgd_interval`` steps."""
     if local_sgd_interval is not None:
-        key = f"local-sgd:{local_sgd_interval}"
-        if local_sgd_interval == 1:
+        if local_sgd_interval == 1 and outer == "average":
             return EXACT
-        return OURS.get(key) or PUBLISHED["local-sgd"]
+        return OURS.get(f"local-sgd:{local_sgd_interval}:{outer}") or PUBLISHED["local-sgd"]
     if compression == "none":
         return EXACT
     name, _, argument = compression.partition(":")

@@ -37,6 +37,3 @@ class Cast:
         compressed = flat.to(self.dtype).div_(group_size(group))
         comm.all_reduce(compressed, algorithm, op="sum", group=group, timeout_s=timeout_s)
         return flat.copy_(compressed)
-
-    def state_dict(self) -> dict:
-        return {}

@@ -178,3 +178,44 @@ def test_membership_list_is_carried_across_attempts_and_reset_by_a_fresh_run(tmp
     assert len(ownership.membership(tmp_path)) == 3          # write=False (not rank 0) wrote nothing
     assert len(note(tmp_path, step=0, world_size=2, attempt=0, resumed=False, write=True)) == 1
     assert len(ownership.membership(tmp_path)) == 1
+
+
+def test_agents_count_every_restart_of_their_workers(monkeypatch):
+    from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+    seen = []
+    monkeypatch.setattr(SimpleElasticAgent, "_restart_workers", lambda self, group: seen.append(group))
+    monkeypatch.delenv(rendezvous.REFORMS_ENV, raising=False)
+    launch.count_reforms()
+    launch.count_reforms()   # wraps once
+    SimpleElasticAgent._restart_workers(None, "group")   # a failure, or a node joining: torchrun calls the same
+    SimpleElasticAgent._restart_workers(None, "group")
+    assert seen == ["group", "group"] and os.environ[rendezvous.REFORMS_ENV] == "2"
+    # the workers started after the second one: attempt 2, although torchrun's count says 0 (no failure)
+    monkeypatch.setenv(rendezvous.RESTART_COUNT, "0")
+    rendezvous.add_attempt_base()
+    assert os.environ[rendezvous.RESTART_COUNT] == "2"
+
+
+def test_a_directory_held_by_another_process_of_this_run_is_recognised(tmp_path, monkeypatch):
+    import multiprocessing
+    context = multiprocessing.get_context("fork")
+    ready, stop = context.Event(), context.Event()
+
+    def hold():  # another node's launcher of the same run
+        os.environ[ownership.RUN_ID_ENV] = "run-a"
+        ownership.claim(tmp_path, "launcher")
+        ready.set()
+        stop.wait(30)
+    child = context.Process(target=hold)
+    child.start()
+    try:
+        assert ready.wait(30)
+        monkeypatch.setenv(ownership.RUN_ID_ENV, "run-a")
+        assert ownership.held_by_this_run(tmp_path)
+        monkeypatch.setenv(ownership.RUN_ID_ENV, "run-b")
+        assert not ownership.held_by_this_run(tmp_path)
+    finally:
+        stop.set()
+        child.join(10)
+    monkeypatch.setenv(ownership.RUN_ID_ENV, "run-a")
+    assert not ownership.held_by_this_run(tmp_path)   # its process ended: nobody holds it

@@ -107,7 +107,9 @@ def main(args) -> int:
         share_run_id(config.dist.rdzv_endpoint)
     if elastic_nodes and not config.reliability.resume:
         from ddtrain.reliability import ownership
-        if ownership.held_by_this_run(config.reliability.checkpoint_dir):
+        from ddtrain.reliability.checkpoint import listing
+        # checkpoints written, the directory held by another node's launcher of this run: the job runs already
+        if listing(config.reliability.checkpoint_dir) and ownership.held_by_this_run(config.reliability.checkpoint_dir):
             # a node joining the running job (same run id): its workers take the job's state, they do not start one
             print(f"ddtrain: note: --checkpoint-dir {config.reliability.checkpoint_dir} is held by this job's other "
                   f"nodes; joining the running job", file=sys.stderr, flush=True)

@@ -343,7 +343,7 @@ def restore(directory, *, required: bool, warn, check=None, reshape=None):
     Rank 0 finds and verifies the file (``check(header)`` may raise DDTrainError for an
     incompatible one) and sends each rank its part; every rank raises the same error. A
     checkpoint of another world size has its parts made into this one's by
-    ``reshape(header, parts, shared)`` (``checkpoint_elastic.reshape``).
+    ``reshape(header, parts, shared)`` (``checkpoint_elastic.reshape``; None: no need).
     """
     rank = dist.get_rank() if _distributed() else 0
     verdict, parts = None, None
@@ -359,10 +359,8 @@ def restore(directory, *, required: bool, warn, check=None, reshape=None):
                 check_payload(payload, header, path)
                 ranks = payload["ranks"]
                 verdict = {"path": str(path), "header": header}
-                world = dist.get_world_size() if _distributed() else 1
-                if len(ranks) != world and reshape is not None:
-                    parts = reshape(header, ranks, payload["shared"])
-                else:
+                parts = reshape(header, ranks, payload["shared"]) if reshape is not None else None
+                if parts is None:   # written by this world size: each rank its own part
                     parts = [(payload["shared"], part) for part in ranks]
         except DDTrainError as exc:
             verdict = {"error": str(exc)}
@@ -484,8 +482,15 @@ class Checkpointer:
                            f"{checkpoint_elastic.RULES.get(theirs['rule'], theirs['rule'])}")
 
     def _reshape(self, header: dict, parts: list, shared) -> list:
-        """Rank 0: the checkpoint's per-rank parts made into this world's (``checkpoint_elastic.reshape``)."""
+        """Rank 0: the checkpoint's per-rank parts made into this world's, or None when they are this world's already.
+
+        Same worker count and one part per rank: each rank its own part (bit for bit). Otherwise
+        (other worker count, or parameter servers, which keep no part) ``checkpoint_elastic.reshape``.
+        """
         theirs = header.get("elastic")
+        world = dist.get_world_size() if _distributed() else 1
+        if len(parts) == world and (theirs or {}).get("workers", world) == (self.elastic or {}).get("workers", world):
+            return None
         if not (theirs and self.elastic):
             raise DDTrainError(f"checkpoint {header.get('path')} has {len(parts)} per-rank parts and no elastic "
                                "section: it resumes only at its own world size")

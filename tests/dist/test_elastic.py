@@ -26,7 +26,7 @@ def test_size_range_reads_n_and_min_max(text, expected):
 
 
 @pytest.mark.parametrize("text, words", [
-    ("4:2", "MIN 4 is more than MAX 2"), ("0:2", "MIN must be at least 1"), ("0", "MIN must be at least 1"),
+    ("4:2", "MIN 4 is more than MAX 2"), ("0:2", "MIN must be at least 1"), ("0", "must be at least 1, got '0'"),
     ("2.5", "whole number"), ("2:x", "whole number"), ("", "whole number"), (":3", "whole number"),
     ("-1:3", "whole number"), (True, "whole number")])
 def test_size_range_refuses_bad_ranges_naming_the_flag(text, words):

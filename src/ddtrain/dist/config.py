@@ -41,7 +41,7 @@ def size_range(value, field: str, flag: str | None = None) -> tuple[int, int]:
                                  f"got {value!r}", flag=flag)
     least, most = int(low), int(high) if sep else int(low)
     if least < 1:
-        raise ConfigError(field, f"MIN must be at least 1, got {text!r}", flag=flag)
+        raise ConfigError(field, f"{'MIN ' if sep else ''}must be at least 1, got {text!r}", flag=flag)
     if least > most:
         raise ConfigError(field, f"MIN {least} is more than MAX {most} in {text!r}; write MIN:MAX with MIN <= MAX",
                           flag=flag)

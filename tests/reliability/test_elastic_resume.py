@@ -86,6 +86,12 @@ def test_acceptance_2_workers_then_3_and_4_equal_the_uninterrupted_run(strategy,
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ring-async", "butterfly", "central"])
+def test_the_other_synchronous_strategies_resume_on_3_workers_as_the_uninterrupted_run(strategy, tmp_path):
+    run_matrix(strategy, tmp_path, sizes=(3,))
+
+
+@pytest.mark.slow
 def test_a_grad_accum_that_no_longer_divides_is_rechosen_and_training_is_unchanged(tmp_path):
     """--grad-accum 16 on 2 workers (micro-batches of 3); on 4 workers 96 / (4 x 16) is no integer: 24 is chosen."""
     ref = tmp_path / "ref.pt"

@@ -76,12 +76,13 @@ def lines(info: FileInfo) -> list[str]:
     if h:
         fp, el = h.get("fingerprint") or {}, h.get("elastic") or {}
         workers = el.get("workers", h.get("world_size", "?"))
+        servers = f", {el['servers']} parameter server(s)" if el.get("servers") else ""
         batch = (f"global batch {el['global_batch_size']}" if el.get("global_batch_size")
                  else f"batch {fp.get('batch_size', '?')} per worker")
         out += [f"  step:          {h.get('step')} (epoch {h.get('epoch')}, {h.get('step_in_epoch')} of its steps done)",
                 f"  configuration: strategy {h.get('strategy', fp.get('strategy', '?'))}, model {fp.get('model', '?')}, "
                 f"data {el.get('data', '?')} ({fp.get('train_samples', '?')} training samples), {batch}, "
-                f"grad-accum {el.get('grad_accum', '?')}, {workers} workers (world size {h.get('world_size', '?')}), "
+                f"grad-accum {el.get('grad_accum', '?')}, {workers} workers{servers}, "
                 f"seed {fp.get('seed', '?')}",
                 f"  parameters:    {fp.get('parameter_count', '?')} in {len(fp.get('parameter_shapes', []))} tensors",
                 f"  size:          {info.size_bytes} bytes (payload {h.get('payload_bytes', '?')})",

@@ -199,3 +199,15 @@ def test_a_checkpoint_written_without_a_global_batch_resumes_only_at_its_own_siz
         checkpoint_elastic.check({"elastic": theirs, "fingerprint": fingerprint}, fingerprint, now, "ckpt-1.pt")
     assert checkpoint_elastic.check({"fingerprint": {**fingerprint, "world_size": 3}}, {**fingerprint, "world_size": 3},
                                     now, "old.pt") is False   # an old checkpoint at its own size: as before
+
+
+def test_a_checkpoint_from_before_elastic_sections_still_resumes_at_its_own_size(tmp_path):
+    folder = tmp_path / "ckpt"
+    single_run(folder, steps=12)
+    path = checkpoint.path_for(folder, 12)
+    header, payload = checkpoint.read(path)
+    old = {k: v for k, v in header.items() if k not in ("elastic", "format", "payload_bytes", "sha256", "header_sha256")}
+    checkpoint.write(path, old, payload)    # the header as earlier versions wrote it
+    assert "elastic" not in checkpoint.read_header(path)[0]
+    record = single_run(folder, resume=True, steps=14)
+    assert record["reliability"]["resumed_from"]["step"] == 12

@@ -6,20 +6,22 @@
 For each link rate, on 4 emulated nodes (one rank each; every node shares this host's cores):
 
 1. **compute**: ``ddtrain train --strategy local-sgd --sync-every 100000`` (no communication inside the
-   run) gives the compute step in the cluster, under the same CPU sharing as the real runs; the same
-   step timed alone here gives the CPU factor (in the cluster / alone) that scales the compressors'
-   own work, which the adviser measures alone;
+   run) gives the compute step in the cluster, under the same CPU sharing as the real runs (the same
+   step timed alone here is recorded beside it); the compressors' own work, which the adviser times
+   alone on one thread, is scaled by ``contention.cpu_slowdown(4 ranks, the host's cores)``;
 2. **α under load**: ``ddtrain train --strategy ring`` and ``--strategy ddp`` of the ``mlp`` at two
    sizes (gradients of ~50 KB and ~7.6 MB); the communication wait of each step (docs/PERFORMANCE.md,
    "step split") is its all-reduces inside training; ``costmodel.loaded.fit_loaded`` fits α to them
    with the link's token bucket (``costmodel.burst``), one α for our algorithms (Python steps) and
    one for Gloo's own (``native``), written to ``loaded_<rate>.json``;
-3. **advice**: ``ddtrain advise --calibration loaded_<rate>.json --step-time <compute> --cpu-factor ...``
+3. **advice**: ``ddtrain advise --calibration loaded_<rate>.json --step-time <compute> --host-cores ...``
    (``advice_<rate>.json``/``.txt``), and the old model (calibrated α of the bench, no bucket, no
    CPU sharing) over the same methods;
 4. **measurement**: the top 3 distinct eligible methods and the baseline (``ddp``, no compression) as
    ``ddtrain train`` runs; measured step = the slowest rank's median over the steps after the
-   warm-up (mean for averaging strategies, whose sync falls on one step in K).
+   warm-up (mean for averaging strategies, whose sync falls on one step in K). Each is predicted twice:
+   with the compute step of step 1 (what the adviser ranked with) and with the compute step measured
+   in that same run (``same-run``: the load of the shared host drifts between runs).
 
 Writes ``check_<rate>.json`` (every run's record path, predictions, measurements) and ``check.txt``.
 Needs root (the cluster); the records of every run stay under ``<out>/runs/``.
@@ -48,6 +50,7 @@ from ddtrain.cli import advise as advise_cli
 from ddtrain.cluster.netns import parse_rate
 from ddtrain.costmodel import advise
 from ddtrain.costmodel.burst import TokenBucket, emulated_burst_bytes, link_beta
+from ddtrain.costmodel.contention import cpu_slowdown
 from ddtrain.costmodel.loaded import CommSample, fit_loaded
 from ddtrain.models.zoo import build_model
 
@@ -98,11 +101,14 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
                    data=a.data, **common)
     compute = measured_step(nosync, periodic=False)
     alone = advise_cli.measure_step(argparse.Namespace(model=a.model, data=a.data, batch_size=a.batch_size))
-    # the compressors' own work is timed on one thread here, like this step: it runs in the cluster as
-    # much slower (or faster: the ranks have two threads each) as the compute step does
-    cpu_factor = compute["step_s"] / alone
+    # the compressors' own work is timed here on one thread; in the cluster every rank's runs at the same
+    # time on the shared cores: contention.cpu_slowdown(ranks, cores) (the codec runs on the communication
+    # thread). The compute step's own ratio (cluster / alone) is recorded beside it: it is larger, because
+    # the forward and backward passes run on two OpenMP threads per rank (R·T/C = 4·2/2)
+    compute_ratio = compute["step_s"] / alone
+    cpu_factor = cpu_slowdown(NODES, os.cpu_count() or 1)
     log(f"# compute step: {1e3 * compute['step_s']:.1f} ms in the cluster, {1e3 * alone:.1f} ms alone here "
-        f"(cpu factor {cpu_factor:.2f})")
+        f"(ratio {compute_ratio:.2f}); codec cpu factor {cpu_factor:.2f}")
     # 2. alpha under load: the communication wait of our ring (Python steps) and of Gloo's own (DDP) at two sizes
     bucket = TokenBucket(burst_bytes=emulated_burst_bytes(bps), beta_s_per_byte=link_beta(bps))
     fits, loaded_runs = {}, []
@@ -139,7 +145,7 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
     # 3. the advice (through the CLI, as a user would get it) and the old model
     argv = ["--model", a.model, "--data", a.data, "--workers", str(NODES), "--batch-size", str(a.batch_size),
             "--step-time", f"{compute['step_s']:.6f}", "--calibration", str(loaded_file),
-            "--cpu-factor", f"{cpu_factor:.4f}", "--compressions", a.compressions, "--sync-every", a.sync_every,
+            "--host-cores", str(os.cpu_count() or 1), "--ranks-per-host", str(NODES), "--compressions", a.compressions, "--sync-every", a.sync_every,
             "--json", str(out / f"advice_{rate}.json")]
     parser = argparse.ArgumentParser()
     advise_cli.add_arguments(parser)
@@ -168,11 +174,11 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
             args_ = [x if x != m.compression else m.compression + ":2" for x in args_]
         periodic = m.kind == "average"
         steps = max(a.steps, a.warmup + 3 * m.sync_every) if periodic else a.steps
-        rec = train(out, rate, m.label.replace(" ", "_").replace("(", "").replace(")", "").replace(":", "-"),
-                    args_, model=a.model, data=a.data, **dict(common, steps=steps))
+        rec = train(out, rate, run_name(m.label), args_, model=a.model, data=a.data, **dict(common, steps=steps))
         meas = measured_step(rec, periodic)
         old_s = advise.predict(m, workload, old).step_s
         rows.append({"role": role, "label": m.label, "train_args": args_, "predicted_s": p.step_s,
+                     "record": str(out / "runs" / f"{rate}_{run_name(m.label)}.json"),
                      "predicted_old_s": old_s, "measured": meas, "eligible": p.eligible, "risk": p.risk.as_dict(),
                      "error_pct": 100 * (p.step_s - meas["step_s"]) / meas["step_s"],
                      "error_old_pct": 100 * (old_s - meas["step_s"]) / meas["step_s"],
@@ -181,7 +187,7 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
             f"{1e3 * meas['step_s']:.1f} ms ({meas['statistic']} of {meas['timed_steps']} steps)")
     eligible_measured = [r for r in rows if r["eligible"]]
     fastest = min(eligible_measured, key=lambda r: r["measured"]["step_s"]) if eligible_measured else None
-    return {"rate": rate, "compute": compute, "compute_alone_s": alone, "cpu_factor": cpu_factor,
+    return {"rate": rate, "model": a.model, "data": a.data, "batch_size": a.batch_size, "compute": compute, "compute_alone_s": alone, "cpu_factor": cpu_factor,
             "loaded": loaded, "old_alpha_s": OLD_ALPHA_S, "old_alpha_source": OLD_ALPHA_SOURCE,
             "first_choice": advice["first_choice"]["label"] if advice["first_choice"] else None,
             "measured_fastest_eligible": fastest["label"] if fastest else None,
@@ -191,25 +197,81 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
             "rows": rows, "load_average_end": os.getloadavg()[0]}
 
 
+def run_name(label: str) -> str:
+    return label.replace(" ", "_").replace("(", "").replace(")", "").replace(":", "-")
+
+
+def same_run_compute(record: dict) -> float:
+    """The run's own compute step: the slowest worker's mean data + forward/backward + optimizer seconds, waits excluded."""
+    return max(r["split_s"]["data_s"] + r["split_s"]["compute_s"] + r["split_s"]["optimizer_s"]
+               for r in record["profile"]["ranks"] if r["role"] == "worker" and r["timed_steps"])
+
+
+def annotate_same_run(res: dict, out: Path) -> dict:
+    """Predict each measured run again with the compute step measured in that same run (the load drifts between runs).
+
+    The communication and codec terms are the adviser's (α under load, bucket, codec measured alone times
+    ``contention.cpu_slowdown(ranks, cores)``); only the compute step comes from the run.
+    """
+    rate = res["rate"]
+    advice = json.loads((out / f"advice_{rate}.json").read_text())
+    loaded = json.loads((out / f"loaded_{rate}.json").read_text())["loaded"]
+    shapes = advise_cli.model_shapes(argparse.Namespace(model=res.get("model", "resnet18"), params=None,
+                                                        data=res.get("data", "cifar10")))
+    bucket = TokenBucket(burst_bytes=loaded["burst_bytes"], beta_s_per_byte=loaded["beta_s_per_byte"])
+    fields = {r["label"]: r for r in advice["ranked"]}
+    for row in res["rows"]:
+        f = fields[row["label"]]
+        method = advise.Method(strategy=f["strategy"], algorithm=f["algorithm"], kind=f["kind"],
+                               compression=f["compression"], sync_every=f["sync_every"], outer=f.get("outer", "average"))
+        record = json.loads(Path(row.get("record") or out / "runs" / f"{rate}_{run_name(row['label'])}.json").read_text())
+        compute = same_run_compute(record)
+        network = advise.Network(alpha_s=loaded["alpha_s"], bucket=bucket, codec_s=advice["network"]["codec_s_alone"],
+                                 cpu_factor=cpu_slowdown(NODES, os.cpu_count() or 1),
+                                 alpha_by_algorithm=loaded.get("alpha_by_algorithm", {}))
+        workload = advise.Workload(shapes=shapes, workers=NODES, batch_size=res.get("batch_size", 32), compute_s=compute)
+        predicted = advise.predict(method, workload, network).step_s
+        old = advise.predict(method, workload, network.plain(res.get("old_alpha_s", OLD_ALPHA_S))).step_s
+        row["predicted_old_same_run_s"] = old
+        row["error_old_same_run_pct"] = 100 * (old - row["measured"]["step_s"]) / row["measured"]["step_s"]
+        row["compute_same_run_s"] = compute
+        row["predicted_same_run_s"] = predicted
+        row["error_same_run_pct"] = 100 * (predicted - row["measured"]["step_s"]) / row["measured"]["step_s"]
+    res["top3_within_20pct_same_run"] = all(abs(r["error_same_run_pct"]) <= 20 for r in res["rows"]
+                                            if r["role"] != "baseline")
+    return res
+
+
 def table(results: list[dict]) -> str:
     out = ["# predicted vs measured step time, 4 emulated nodes (one rank each, all on this 2-core host)",
            "# measured: slowest rank's median step after the warm-up (mean for local-sgd); error = (predicted - measured) / measured",
            "# new = costmodel.advise (alpha under load, token bucket, CPU factor); old = plain alpha-beta "
            f"(alpha {1e6 * OLD_ALPHA_S:.1f} us from {OLD_ALPHA_SOURCE}), no bucket, no CPU factor",
            "#",
-           f"# {'rate':>7} {'role':<8} {'method':<28} {'new':>9} {'old':>9} {'measured':>9} {'err new':>8} {'err old':>8} {'steps':>5}",
-           f"# {'':>7} {'':<8} {'':<28} {'(ms)':>9} {'(ms)':>9} {'(ms)':>9} {'(%)':>8} {'(%)':>8} {'':>5}"]
+           "# new: compute step from the calibration run (what the adviser ranked with); same-run: the compute step "
+           "measured in that run itself (data + forward/backward + optimizer, waits excluded), the rest as new",
+           "#",
+           "# old same-run: the old model with the same-run compute step",
+           "#",
+           f"# {'rate':>7} {'role':<8} {'method':<28} {'new':>9} {'same-run':>9} {'old':>9} {'old same':>9} "
+           f"{'measured':>9} {'err new':>8} {'err same':>8} {'err old':>8} {'err oldS':>8} {'steps':>5}",
+           f"# {'':>7} {'':<8} {'':<28} {'(ms)':>9} {'(ms)':>9} {'(ms)':>9} {'(ms)':>9} {'(ms)':>9} {'(%)':>8} "
+           f"{'(%)':>8} {'(%)':>8} {'(%)':>8} {'':>5}"]
     for res in results:
         for r in res["rows"]:
             out.append(f"  {res['rate']:>7} {r['role']:<8} {r['label']:<28} {1e3 * r['predicted_s']:9.1f} "
-                       f"{1e3 * r['predicted_old_s']:9.1f} {1e3 * r['measured']['step_s']:9.1f} {r['error_pct']:8.1f} "
-                       f"{r['error_old_pct']:8.1f} {r['measured']['timed_steps']:5d}")
+                       f"{1e3 * r['predicted_same_run_s']:9.1f} {1e3 * r['predicted_old_s']:9.1f} "
+                       f"{1e3 * r['predicted_old_same_run_s']:9.1f} {1e3 * r['measured']['step_s']:9.1f} "
+                       f"{r['error_pct']:8.1f} {r['error_same_run_pct']:8.1f} {r['error_old_pct']:8.1f} "
+                       f"{r['error_old_same_run_pct']:8.1f} {r['measured']['timed_steps']:5d}")
         out.append(f"# {res['rate']}: compute step {1e3 * res['compute']['step_s']:.1f} ms in the cluster "
-                   f"({1e3 * res['compute_alone_s']:.1f} ms alone, cpu factor {res['cpu_factor']:.2f}); alpha under load "
+                   f"({1e3 * res['compute_alone_s']:.1f} ms alone); codec cpu factor at ranking "
+                   f"{res['cpu_factor']:.2f}, same-run {cpu_slowdown(NODES, os.cpu_count() or 1):.2f}; alpha under load "
                    f"{1e3 * res['loaded']['loaded']['alpha_s']:.2f} ms; first choice {res['first_choice']}; measured "
                    f"fastest eligible {res['measured_fastest_eligible']} -> "
                    f"{'same' if res['first_choice_is_fastest'] else 'DIFFERENT'}; top 3 within 20%: "
-                   f"{'yes' if res['top3_within_20pct'] else 'NO'}")
+                   f"{'yes' if res['top3_within_20pct'] else 'NO'} (new), "
+                   f"{'yes' if res['top3_within_20pct_same_run'] else 'NO'} (same-run)")
     return "\n".join(out)
 
 
@@ -288,10 +350,22 @@ def main() -> int:
     parser.add_argument("--compressions", default=advise_cli.DEFAULT_COMPRESSIONS)
     parser.add_argument("--sync-every", default=advise_cli.DEFAULT_INTERVALS)
     parser.add_argument("--crossover", action="store_true", help="only the crossover comparison over committed files")
+    parser.add_argument("--reanalyse", action="store_true", help="recompute the predictions and the table from "
+                                                                 "<out>/check_<rate>.json and the runs' records")
     a = parser.parse_args()
     out = Path(a.out)
     if a.crossover:
         print(crossover_report(out))
+        return 0
+    if a.reanalyse:
+        results = []
+        for rate in a.rates.split(","):
+            res = annotate_same_run(json.loads((out / f"check_{rate}.json").read_text()), out)
+            (out / f"check_{rate}.json").write_text(json.dumps(res, indent=2) + "\n")
+            results.append(res)
+        text = table(results)
+        (out / "check.txt").write_text(text + "\n")
+        print(text)
         return 0
     out.mkdir(parents=True, exist_ok=True)
     log_file = (out / "check.log").open("a")
@@ -303,7 +377,7 @@ def main() -> int:
     log(f"# {time.strftime('%Y-%m-%d %H:%M:%S %Z')} $ {' '.join(sys.argv)}; load average {os.getloadavg()}")
     results = []
     for rate in a.rates.split(","):
-        res = check_rate(rate, a, out, log)
+        res = annotate_same_run(check_rate(rate, a, out, log), out)
         (out / f"check_{rate}.json").write_text(json.dumps(res, indent=2) + "\n")
         results.append(res)
     text = table(results)

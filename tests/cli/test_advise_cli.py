@@ -71,6 +71,15 @@ def test_bad_input_is_one_clear_error(argv, phrase, capsys):
     assert len(errors) == 1 and phrase in errors[0], err
 
 
+def test_measure_times_the_model_here(capsys):
+    argv = [a for a in BASE if a not in ("--step-time", "20ms")]
+    assert cli.main([*argv, "--measure", "--host-cores", "2", "--ranks-per-host", "4", "--json", "-"]) == 0
+    advice = json.loads(capsys.readouterr().out)
+    assert advice["workload"]["compute_s"] > 0
+    assert advice["network"]["cpu_factor"] == 2.0          # 4 ranks on 2 cores, work timed on one thread
+    assert "measured here" in advice["inputs"]["compute_s_source"]
+
+
 def test_calibration_without_alpha_is_refused(tmp_path, capsys):
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"something": 1}))

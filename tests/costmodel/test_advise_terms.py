@@ -38,14 +38,6 @@ def test_schedule_by_hand():
     assert schedule.steps("central", 800, 3) == [800] * 4
 
 
-def test_ring_bytes_per_step_is_two_r_minus_one_over_r():
-    # the adviser's bytes per step for an uncompressed ring: 2(R-1)/R · 4 · params
-    params = 11_181_642
-    assert schedule.sent_bytes("ring", 4 * params, 4) == pytest.approx(2 * 3 / 4 * 4 * params)
-    assert schedule.sent_bytes("central", 100, 4) == 300
-    assert schedule.sent_bytes("tree", 100, 8) == 300
-
-
 def test_schedule_refuses_unknown_and_negative():
     with pytest.raises(DDTrainError, match="known: "):
         schedule.steps("carrier-pigeon", 10, 2)

@@ -4,7 +4,11 @@
   decentralized and proposed methods, exact for any N, R, E;
 - ``alphabeta``: α-β-γ predicted time of one all-reduce for every algorithm in
   ``ddtrain.comm`` (``PREDICTORS``, ``predict_time``);
-- ``calibration``: α, β and γ fitted from point-to-point timings on the current group.
+- ``calibration``: α, β and γ fitted from point-to-point timings on the current group;
+- ``advise``: predicted step time and bytes of every strategy × compression × algorithm, ranked
+  with each one's accuracy risk (``risks``), over what the plain model misses: α under load fitted
+  to collectives inside training (``loaded``), the emulated links' token bucket (``burst``), ranks
+  sharing a host (``contention``), each algorithm's messages step by step (``schedule``).
 """
 from __future__ import annotations
 

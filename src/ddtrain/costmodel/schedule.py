@@ -5,9 +5,6 @@
 bucket of an emulated link, ``burst``) or on their number (α under load, ``loaded``) can be
 applied to any algorithm. For every algorithm, ``sum(α + mβ for m in steps)`` equals its cost
 formula with γ = 0 (tests/costmodel/test_advise_terms.py checks it against ``ddtrain.comm``).
-
-``sent_bytes`` is what the busiest rank sends per all-reduce: the "bytes per step" the adviser
-prints, and what the traffic counters of the same run record on that rank.
 """
 from __future__ import annotations
 
@@ -40,22 +37,6 @@ def steps(algorithm: str, nbytes: float, ranks: int) -> list[float]:
     halving = [nbytes / (1 << (i + 1)) for i in range(int(math.log2(core)))]
     extra = [float(nbytes)] if core != p else []
     return extra + halving + halving[::-1] + extra
-
-
-def sent_bytes(algorithm: str, nbytes: float, ranks: int) -> float:
-    """Bytes the busiest rank sends in one all-reduce of ``nbytes`` (the counters' bytes_sent on it)."""
-    _check(algorithm, nbytes, ranks)
-    if ranks == 1 or nbytes == 0:
-        return 0.0
-    p = ranks
-    if algorithm in RING_LIKE:
-        return 2 * (p - 1) / p * nbytes
-    if algorithm == "tree":          # the root sends the whole buffer once per level of the broadcast
-        return math.ceil(math.log2(p)) * nbytes
-    if algorithm == "central":       # the root sends the result to every other rank
-        return (p - 1) * nbytes
-    core = 1 << (p.bit_length() - 1)  # butterfly: a partner of an extra rank also sends it the result
-    return 2 * (core - 1) / core * nbytes + (nbytes if core != p else 0.0)
 
 
 def _check(algorithm: str, nbytes: float, ranks: int) -> None:

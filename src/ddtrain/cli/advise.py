@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ddtrain.errors import DDTrainError
 
-DEFAULT_COMPRESSIONS = "none,fp16,bf16,powersgd:4,topk:0.01"
+DEFAULT_COMPRESSIONS = "none,fp16,bf16,powersgd:4,topk:0.1"   # topk:0.1 is the fraction our runs measured
 DEFAULT_INTERVALS = "4,20"
 _TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
 

@@ -197,7 +197,8 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
             detail = logs.message(failure.local_rank)[0] if logs is not None else None
             outcome.update(rank=rank, exitcode=failure.exitcode, line=failure_line(rank, failure, logs),
                            what=describe_failure(rank, failure.exitcode, detail, logs is None).split(";")[0],
-                           lost=sorted(r for r, f in exc.failures.items() if _lost(f.exitcode)))
+                           lost=sorted(r for r, f in exc.failures.items() if _lost(f.exitcode)),
+                           log_dir=logs.root if logs is not None else None)
             return failure.exitcode if failure.exitcode > 0 else 1
         print(failure_line(rank, failure, logs), file=sys.stderr, flush=True)
         return failure.exitcode if failure.exitcode > 0 else 1
@@ -251,6 +252,8 @@ def run_elastic(sizes: list[int], argv: list[str], *, max_restarts: int = 0, env
                                            if len(sizes) < high - low + 1 else ""), file=sys.stderr, flush=True)
                 return code
             reason = f"{outcome['what']}: world size {size} -> {fits[0]}"
+            if outcome.get("log_dir"):  # this attempt's failure is handled: its workers' logs are not needed
+                shutil.rmtree(outcome["log_dir"], ignore_errors=True)
             print(f"ddtrain: {outcome['what']}; going on with {fits[0]} workers (--nproc {low}:{high}) from the "
                   f"last checkpoint", file=sys.stderr, flush=True)
             size = fits[0]

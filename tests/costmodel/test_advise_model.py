@@ -119,6 +119,10 @@ def test_candidates_check_their_inputs():
              StrategyInfo(name="local-sgd", algorithm="ring", kind="average", compressible=False)]
     methods = advise.candidates(infos, ["none", "powersgd:2"], [4, 20])
     assert [m.label for m in methods] == ["ring none", "ring powersgd:2", "local-sgd average K=4", "local-sgd average K=20"]
+    # top-k is all-gathered whatever the algorithm: one row, not one per strategy
+    two = [StrategyInfo(name="ddp", algorithm="native", kind="gradient"), infos[0]]
+    assert [m.label for m in advise.candidates(two, ["topk:0.1", "fp16"], [])] == [
+        "ddp topk:0.1 (native)", "ddp fp16 (native)", "ring fp16"]
     with pytest.raises(DDTrainError, match="compression"):
         advise.candidates(infos, ["zip"], [4])
     with pytest.raises(DDTrainError, match="interval"):

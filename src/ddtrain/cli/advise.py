@@ -287,11 +287,11 @@ def build_advice(args) -> dict:
         source = f"--link-rate {args.link_rate} --latency {args.latency}"
         burst, alpha_by_algorithm = None, {}
     if args.burst == "emulated":
-        if args.link_rate is None and not burst:
+        if args.link_rate is None:
             raise DDTrainError("--burst emulated needs --link-rate (the tbf burst is 4 ms of the rate)")
-        burst = emulated_burst_bytes(parse_rate(args.link_rate)) if args.link_rate else burst
-    elif burst is None or args.burst != "0":
-        burst = parse_count(args.burst, "--burst") if args.burst != "0" else 0
+        burst = emulated_burst_bytes(parse_rate(args.link_rate))
+    elif args.burst != "0" or burst is None:   # an explicit --burst wins over the calibration file's
+        burst = 0 if args.burst == "0" else parse_count(args.burst, "--burst")
     cpu_factor = 1.0
     if args.cpu_factor is not None:
         if not (args.cpu_factor > 0 and math.isfinite(args.cpu_factor)):

@@ -166,12 +166,19 @@ def candidates(strategies: Sequence[StrategyInfo], compression_specs: Sequence[s
     for k in intervals:
         if not isinstance(k, int) or k < 1:
             raise DDTrainError(f"a sync interval must be a whole number >= 1, got {k!r}")
-    out = []
+    out, gathered = [], set()
     for s in strategies:
         if s.kind == "gradient":
             specs = compression_specs if s.compressible else [c for c in compression_specs if c == "none"]
-            out += [Method(strategy=s.name, algorithm=s.algorithm, kind="gradient", compression=c,
-                           extra_ranks=s.extra_ranks) for c in specs]
+            for c in specs:
+                # an all-gathered method (top-k) sends the same messages whatever the strategy's
+                # algorithm: listed once, with the first strategy that takes it
+                if compressions.parse_spec(c)[0].collective == "all-gather":
+                    if c in gathered:
+                        continue
+                    gathered.add(c)
+                out.append(Method(strategy=s.name, algorithm=s.algorithm, kind="gradient", compression=c,
+                                  extra_ranks=s.extra_ranks))
         elif s.kind == "average":
             out += [Method(strategy=s.name, algorithm=s.algorithm, kind="average", sync_every=k, outer=o)
                     for o in s.outers for k in intervals]

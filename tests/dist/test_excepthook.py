@@ -7,8 +7,8 @@ import pytest
 import torch.distributed as dist
 
 from ddtrain.dist import excepthook
-from tests.helpers import REPO
-from tests.multirank import free_port
+from helpers import REPO
+from multirank import free_port
 
 
 def raise_here(exc):

@@ -5,7 +5,7 @@ from ddtrain.config import TrainConfig
 from ddtrain.errors import ConfigError
 from ddtrain.sync.base import SyncOptions
 from ddtrain.training.build import check_strategy_options
-from tests.helpers import assert_one_clear_error, ddtrain
+from helpers import assert_one_clear_error, ddtrain
 
 
 @pytest.mark.parametrize("field, value", [("outer_optimizer", "nesterov"), ("local_sgd_warmup_steps", 5),

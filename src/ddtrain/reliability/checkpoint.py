@@ -458,6 +458,7 @@ class Checkpointer:
             self.optimizer.load_state_dict(state["optimizer"])
             if self.scaler is not None and state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
+            self.strategy.load_state_dict(part.get("strategy") or {})   # after the model: local-sgd re-anchors on it
             set_rng_state(part["rng"])
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
@@ -538,7 +539,7 @@ class Checkpointer:
             state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scaler": self.scaler.state_dict() if self.scaler is not None else None}
         part = {"rng": rng_state(), "rng_epoch": self._rng_epoch, "meter": self._meter.sums,
-                "epoch_time_s": time.perf_counter() - self._epoch_t0}
+                "epoch_time_s": time.perf_counter() - self._epoch_t0, "strategy": self.strategy.state_dict()}
         if not replicated:
             part.update(state)
         header = {"step": step, "epoch": self._epoch_now, "step_in_epoch": steps_done,

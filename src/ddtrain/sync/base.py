@@ -194,6 +194,17 @@ class Strategy:
     def update_stats(self) -> None:
         """Refresh ``stats`` before it is read."""
 
+    def state_dict(self) -> dict:
+        """The strategy's own state between steps (its sync schedule, an outer optimizer), for checkpoints.
+
+        The same on every rank (a checkpoint at another world size gives new ranks rank 0's); what
+        is per rank and not here (compressors' residuals) restarts at a resume, as documented.
+        """
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take back ``state_dict()``'s state; called after the model's and the optimizer's are loaded."""
+
     def replicas_identical(self, step: int) -> bool:
         """Are the replicas bitwise identical after ``step``? (Default: the spec's ``replicated``.)"""
         return self.spec.replicated

@@ -205,6 +205,26 @@ class LocalSGDStrategy(PeriodicStrategy):
                          "averaging_s": averaging_s, "step_s": step_s, "bytes_sent": self.bytes_per_averaging,
                          "next_interval": self.interval})
 
+    def state_dict(self) -> dict:
+        state = {**super().state_dict(), "interval": self.interval}
+        if self.outer is not None:   # DiLoCo's global parameters and outer momentum (equal on every rank)
+            state["anchor"] = [a.detach().clone() for a in self.anchor]
+            state["outer"] = self.outer.state_dict()
+        return state
+
+    @torch.no_grad()
+    def load_state_dict(self, state: dict) -> None:
+        if not state:
+            return
+        super().load_state_dict(state)
+        self.interval = state["interval"]
+        if self.warmup_steps and self.steps >= self.warmup_steps:
+            self.hook.local = True          # the warm-up was over when the checkpoint was written
+        if self.outer is not None and "anchor" in state:
+            for a, saved in zip(self.anchor, state["anchor"]):   # after the model's load re-anchored it
+                a.copy_(saved)
+            self.outer.load_state_dict(state["outer"])
+
     def close(self) -> None:
         if self.steps > self.synced_at:
             self.sync()

@@ -59,6 +59,14 @@ class PeriodicStrategy(Strategy):
             self.sync()
         self.monitor.end_epoch(epoch, after_sync=at_epoch_end)
 
+    def state_dict(self) -> dict:
+        # the schedule counts steps since the start of training, not since this process started
+        return {"steps": self.steps, "synced_at": self.synced_at, "syncs": self.syncs}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state:
+            self.steps, self.synced_at, self.syncs = state["steps"], state["synced_at"], state["syncs"]
+
     def update_stats(self) -> None:
         self.ledger.fill(self.stats)
         self.stats.extra[self.SYNCS_NAME] = self.syncs

@@ -404,7 +404,7 @@ def cases() -> list[Case]:
                   ["--checkpoint-dir", "{T}/D/fits"], ["--checkpoint-dir", "{T}/D/file"],
                   ["--resume", "--checkpoint-dir", "{T}/D/damaged"],
                   ["--resume", "--checkpoint-dir", "{T}/D/fits", "--batch-size", "16"],
-                  ["--strategy", "ps-sync", "--checkpoint-dir", "{T}/D/new"], ["--keep", "0"], ["--max-restarts", "-1"],
+                  ["--strategy", "ps-async", "--checkpoint-dir", "{T}/D/new"], ["--keep", "0"], ["--max-restarts", "-1"],
                   ["--on-nonfinite", "explode"], ["--on-mismatch", "ignore"], ["--timeout", "nan"], ["--timeout", "inf"],
                   ["--lr", "inf"], ["--weight-decay", "-0.1"], ["--seed", "-1"], ["--epochs", "-1"],
                   ["--batch-size", "0"], ["--batch-size", "x"], ["--out", "/etc/passwd/run.json"], ["--save", "{T}/D"],

@@ -7,14 +7,14 @@ For each link rate, on 4 emulated nodes (one rank each; every node shares this h
 
 1. **compute**: ``ddtrain train --strategy local-sgd --sync-every 100000`` (no communication inside the
    run) gives the compute step in the cluster, under the same CPU sharing as the real runs (the same
-   step timed alone here is recorded beside it); the compressors' own work, which the adviser times
-   alone on one thread, is scaled by ``contention.cpu_slowdown(4 ranks, the host's cores)``;
+   step timed alone here is recorded beside it); the compressors' own work is timed on the 4 nodes at
+   once (``--codec-worker`` under ``ddtrain cluster run``: ``codec_<rate>.json``);
 2. **α under load**: ``ddtrain train --strategy ring`` and ``--strategy ddp`` of the ``mlp`` at two
    sizes (gradients of ~50 KB and ~7.6 MB); the communication wait of each step (docs/PERFORMANCE.md,
    "step split") is its all-reduces inside training; ``costmodel.loaded.fit_loaded`` fits α to them
    with the link's token bucket (``costmodel.burst``), one α for our algorithms (Python steps) and
    one for Gloo's own (``native``), written to ``loaded_<rate>.json``;
-3. **advice**: ``ddtrain advise --calibration loaded_<rate>.json --step-time <compute> --host-cores ...``
+3. **advice**: ``ddtrain advise --calibration loaded_<rate>.json --step-time <compute> --codec-times codec_<rate>.json``
    (``advice_<rate>.json``/``.txt``), and the old model (calibrated α of the bench, no bucket, no
    CPU sharing) over the same methods;
 4. **measurement**: the top 3 distinct eligible methods and the baseline (``ddp``, no compression) as
@@ -82,6 +82,45 @@ def train(out: Path, rate: str, name: str, args: list[str], *, steps: int, warmu
     return json.loads(record.read_text())
 
 
+def codec_worker(a) -> int:
+    """Inside ``ddtrain cluster run``: every rank times each compressor at the same time (a barrier before each),
+    on the threads a training rank has; rank 0 writes the slowest rank's median per compression."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    shapes = advise_cli.model_shapes(argparse.Namespace(model=a.model, params=None, data=a.data))
+    specs = [c for c in a.compressions.split(",") if c and c != "none"]
+    mine = {}
+    for spec in specs:
+        dist.barrier()
+        mine.update(advise_cli.time_codecs([spec], shapes))
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    if dist.get_rank() == 0:
+        Path(a.codec_out).write_text(json.dumps({
+            "codec_s": {spec: max(r[spec] for r in everyone) for spec in specs},
+            "per_rank_s": everyone, "world_size": dist.get_world_size(),
+            "method": "every rank times ddtrain.comm.compression's compressor on the model's shapes (median of 3 "
+                      "calls past any warm-up, no messages) at the same time; the slowest rank's"}, indent=2) + "\n")
+    dist.destroy_process_group()
+    return 0
+
+
+def measure_codecs_in_cluster(out: Path, rate: str, a, log) -> Path:
+    """The compressors' own work timed on all 4 emulated nodes at once (the sharing the real runs have)."""
+    target = out / f"codec_{rate}.json"
+    cmd = ["ddtrain", "cluster", "run", "--nodes", str(NODES), "--link", rate, "--timeout-s", "600", "--",
+           "python", str(Path(__file__).resolve()), "--codec-worker", "--codec-out", str(target),
+           "--model", a.model, "--data", a.data, "--compressions", a.compressions]
+    log(f"$ {' '.join(cmd)}")
+    start = time.time()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    log(f"#   exit {done.returncode} after {time.time() - start:.1f} s; load average {os.getloadavg()[0]:.2f}")
+    if done.returncode != 0:
+        log(done.stdout[-2000:] + done.stderr[-2000:])
+        raise SystemExit(f"codec timing at {rate} failed")
+    return target
+
+
 def measured_step(record: dict, periodic: bool) -> dict:
     """The slowest worker's median step after the warm-up (mean for a periodic strategy), and the spread."""
     ranks = [r for r in record["profile"]["ranks"] if r["role"] == "worker" and r["timed_steps"]]
@@ -101,14 +140,14 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
                    data=a.data, **common)
     compute = measured_step(nosync, periodic=False)
     alone = advise_cli.measure_step(argparse.Namespace(model=a.model, data=a.data, batch_size=a.batch_size))
-    # the compressors' own work is timed here on one thread; in the cluster every rank's runs at the same
-    # time on the shared cores: contention.cpu_slowdown(ranks, cores) (the codec runs on the communication
-    # thread). The compute step's own ratio (cluster / alone) is recorded beside it: it is larger, because
-    # the forward and backward passes run on two OpenMP threads per rank (R·T/C = 4·2/2)
     compute_ratio = compute["step_s"] / alone
-    cpu_factor = cpu_slowdown(NODES, os.cpu_count() or 1)
     log(f"# compute step: {1e3 * compute['step_s']:.1f} ms in the cluster, {1e3 * alone:.1f} ms alone here "
-        f"(ratio {compute_ratio:.2f}); codec cpu factor {cpu_factor:.2f}")
+        f"(ratio {compute_ratio:.2f})")
+    # the compressors' own work, timed on the 4 nodes at once (the sharing the real runs have): neither the
+    # time alone scaled by R/C = 2 nor by the compute's ratio matched both earlier runs (docs/ADVISE.md)
+    codec_file = measure_codecs_in_cluster(out, rate, a, log)
+    log(f"# codec in the cluster: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in
+                                               json.loads(codec_file.read_text())["codec_s"].items()))
     # 2. alpha under load: the communication wait of our ring (Python steps) and of Gloo's own (DDP) at two sizes
     bucket = TokenBucket(burst_bytes=emulated_burst_bytes(bps), beta_s_per_byte=link_beta(bps))
     fits, loaded_runs = {}, []
@@ -145,7 +184,7 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
     # 3. the advice (through the CLI, as a user would get it) and the old model
     argv = ["--model", a.model, "--data", a.data, "--workers", str(NODES), "--batch-size", str(a.batch_size),
             "--step-time", f"{compute['step_s']:.6f}", "--calibration", str(loaded_file),
-            "--host-cores", str(os.cpu_count() or 1), "--ranks-per-host", str(NODES), "--compressions", a.compressions, "--sync-every", a.sync_every,
+            "--codec-times", str(codec_file), "--compressions", a.compressions, "--sync-every", a.sync_every,
             "--json", str(out / f"advice_{rate}.json")]
     parser = argparse.ArgumentParser()
     advise_cli.add_arguments(parser)
@@ -157,8 +196,9 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
     log(advise_cli.render(advice, top=10))
     workload = advise.Workload(shapes=advise_cli.model_shapes(args), workers=NODES, batch_size=a.batch_size,
                                compute_s=compute["step_s"])
-    network = advise.Network(alpha_s=fit.alpha_s, bucket=bucket, codec_s=advice["network"]["codec_s_alone"],
-                             cpu_factor=cpu_factor, alpha_by_algorithm={"native": fits["native"].alpha_s})
+    network = advise.Network(alpha_s=fit.alpha_s, bucket=bucket, codec_s=codec_times(advice),
+                             cpu_factor=advice["network"]["cpu_factor"],
+                             alpha_by_algorithm={"native": fits["native"].alpha_s})
     old = network.plain(OLD_ALPHA_S)
     chosen = advise.top_distinct(predictions, 3)
     baseline = next(p for p in predictions if p.method.strategy == "ddp" and p.method.compression == "none")
@@ -187,7 +227,9 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
             f"{1e3 * meas['step_s']:.1f} ms ({meas['statistic']} of {meas['timed_steps']} steps)")
     eligible_measured = [r for r in rows if r["eligible"]]
     fastest = min(eligible_measured, key=lambda r: r["measured"]["step_s"]) if eligible_measured else None
-    return {"rate": rate, "model": a.model, "data": a.data, "batch_size": a.batch_size, "compute": compute, "compute_alone_s": alone, "cpu_factor": cpu_factor,
+    return {"rate": rate, "model": a.model, "data": a.data, "batch_size": a.batch_size, "compute": compute,
+            "compute_alone_s": alone, "compute_ratio": compute_ratio, "cpu_factor": advice["network"]["cpu_factor"],
+            "codec_source": advice["inputs"].get("codec_s_source"),
             "loaded": loaded, "old_alpha_s": OLD_ALPHA_S, "old_alpha_source": OLD_ALPHA_SOURCE,
             "first_choice": advice["first_choice"]["label"] if advice["first_choice"] else None,
             "measured_fastest_eligible": fastest["label"] if fastest else None,
@@ -195,6 +237,12 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
                                             and fastest["label"] == advice["first_choice"]["label"]),
             "top3_within_20pct": all(abs(r["error_pct"]) <= 20 for r in rows if r["role"] != "baseline"),
             "rows": rows, "load_average_end": os.getloadavg()[0]}
+
+
+def codec_times(advice: dict) -> dict:
+    """The codec seconds an advice used (the key was codec_s_alone in the first runs)."""
+    network = advice["network"]
+    return network.get("codec_s", network.get("codec_s_alone", {}))
 
 
 def run_name(label: str) -> str:
@@ -220,15 +268,18 @@ def annotate_same_run(res: dict, out: Path) -> dict:
                                                         data=res.get("data", "cifar10")))
     bucket = TokenBucket(burst_bytes=loaded["burst_bytes"], beta_s_per_byte=loaded["beta_s_per_byte"])
     fields = {r["label"]: r for r in advice["ranked"]}
+    # codec times measured in the cluster are used as they are; timed here alone, scaled by R/C
+    measured_there = str(advice["inputs"].get("codec_s_source", "")).startswith("--codec-times")
+    same_run_factor = 1.0 if measured_there else cpu_slowdown(NODES, os.cpu_count() or 1)
+    res["same_run_cpu_factor"] = same_run_factor
     for row in res["rows"]:
         f = fields[row["label"]]
         method = advise.Method(strategy=f["strategy"], algorithm=f["algorithm"], kind=f["kind"],
                                compression=f["compression"], sync_every=f["sync_every"], outer=f.get("outer", "average"))
         record = json.loads(Path(row.get("record") or out / "runs" / f"{rate}_{run_name(row['label'])}.json").read_text())
         compute = same_run_compute(record)
-        network = advise.Network(alpha_s=loaded["alpha_s"], bucket=bucket, codec_s=advice["network"]["codec_s_alone"],
-                                 cpu_factor=cpu_slowdown(NODES, os.cpu_count() or 1),
-                                 alpha_by_algorithm=loaded.get("alpha_by_algorithm", {}))
+        network = advise.Network(alpha_s=loaded["alpha_s"], bucket=bucket, codec_s=codec_times(advice),
+                                 cpu_factor=same_run_factor, alpha_by_algorithm=loaded.get("alpha_by_algorithm", {}))
         workload = advise.Workload(shapes=shapes, workers=NODES, batch_size=res.get("batch_size", 32), compute_s=compute)
         predicted = advise.predict(method, workload, network).step_s
         old = advise.predict(method, workload, network.plain(res.get("old_alpha_s", OLD_ALPHA_S))).step_s
@@ -265,8 +316,9 @@ def table(results: list[dict]) -> str:
                        f"{r['error_pct']:8.1f} {r['error_same_run_pct']:8.1f} {r['error_old_pct']:8.1f} "
                        f"{r['error_old_same_run_pct']:8.1f} {r['measured']['timed_steps']:5d}")
         out.append(f"# {res['rate']}: compute step {1e3 * res['compute']['step_s']:.1f} ms in the cluster "
-                   f"({1e3 * res['compute_alone_s']:.1f} ms alone); codec cpu factor at ranking "
-                   f"{res['cpu_factor']:.2f}, same-run {cpu_slowdown(NODES, os.cpu_count() or 1):.2f}; alpha under load "
+                   f"({1e3 * res['compute_alone_s']:.1f} ms alone); codec {res.get('codec_source') or 'timed here'}, "
+                   f"cpu factor at ranking {res['cpu_factor']:.2f}, same-run {res['same_run_cpu_factor']:.2f}; "
+                   f"alpha under load "
                    f"{1e3 * res['loaded']['loaded']['alpha_s']:.2f} ms; first choice {res['first_choice']}; measured "
                    f"fastest eligible {res['measured_fastest_eligible']} -> "
                    f"{'same' if res['first_choice_is_fastest'] else 'DIFFERENT'}; top 3 within 20%: "
@@ -350,9 +402,13 @@ def main() -> int:
     parser.add_argument("--compressions", default=advise_cli.DEFAULT_COMPRESSIONS)
     parser.add_argument("--sync-every", default=advise_cli.DEFAULT_INTERVALS)
     parser.add_argument("--crossover", action="store_true", help="only the crossover comparison over committed files")
+    parser.add_argument("--codec-worker", action="store_true", help=argparse.SUPPRESS)   # inside cluster run
+    parser.add_argument("--codec-out", help=argparse.SUPPRESS)
     parser.add_argument("--reanalyse", action="store_true", help="recompute the predictions and the table from "
                                                                  "<out>/check_<rate>.json and the runs' records")
     a = parser.parse_args()
+    if a.codec_worker:
+        return codec_worker(a)
     out = Path(a.out)
     if a.crossover:
         print(crossover_report(out))

@@ -80,6 +80,19 @@ def test_measure_times_the_model_here(capsys):
     assert "measured here" in advice["inputs"]["compute_s_source"]
 
 
+def test_codec_times_measured_elsewhere_are_used_as_they_are(tmp_path, capsys):
+    times = tmp_path / "codec.json"
+    times.write_text(json.dumps({"codec_s": {"fp16": 0.25}}))
+    assert cli.main([*BASE, "--codec-times", str(times), "--host-cores", "2", "--ranks-per-host", "4",
+                     "--json", "-"]) == 0
+    advice = json.loads(capsys.readouterr().out)
+    assert advice["network"]["cpu_factor"] == 1.0
+    assert next(r for r in advice["ranked"] if r["label"] == "ring fp16")["codec_s"] == 0.25
+    times.write_text(json.dumps({"codec_s": {"bf16": 0.25}}))
+    assert cli.main([*BASE, "--codec-times", str(times)]) == 2
+    assert "no time for fp16" in capsys.readouterr().err
+
+
 def test_calibration_without_alpha_is_refused(tmp_path, capsys):
     cal = tmp_path / "cal.json"
     cal.write_text(json.dumps({"something": 1}))

@@ -53,6 +53,9 @@ def add_arguments(parser) -> None:
                                                         "(under load: see docs/ADVISE.md), e.g. 0.2ms, 2ms")
     link.add_argument("--burst", default="0", help="token-bucket burst in bytes of a rate-limited link, or "
                                                    "'emulated' for ddtrain cluster run's tbf (0: none)")
+    run.add_argument("--codec-times", metavar="FILE", help="JSON with codec_s: {compression: seconds per step} of "
+                                                           "the compressors' own work measured where the job runs "
+                                                           "(benchmarks/advise_check.py writes one); used as is")
     link.add_argument("--calibration", help="a JSON file with alpha_s and beta_s_per_byte (a loaded fit written "
                                             "by benchmarks/advise_check.py, or a bench collectives --json)")
     choice = parser.add_argument_group("the choices")
@@ -161,10 +164,11 @@ def measure_codecs(specs, shapes, calls: int = 3) -> dict[str, float]:
     on a random buffer: what it adds to a step besides its collectives.
     """
     with one_thread():
-        return _measure_codecs(specs, shapes, calls)
+        return time_codecs(specs, shapes, calls)
 
 
-def _measure_codecs(specs, shapes, calls: int) -> dict[str, float]:
+def time_codecs(specs, shapes, calls: int = 3) -> dict[str, float]:
+    """``measure_codecs`` on the threads this process has (the check times them inside the cluster's ranks)."""
     import torch
 
     from ddtrain.comm import compression
@@ -187,6 +191,26 @@ def _measure_codecs(specs, shapes, calls: int) -> dict[str, float]:
                 times.append(time.perf_counter() - start)
         out[spec] = statistics.median(times)
     return out
+
+
+def read_codec_times(path: str, specs) -> dict[str, float]:
+    """The codec_s mapping of a --codec-times file, covering every compression compared."""
+    file = Path(path)
+    if not file.is_file():
+        raise DDTrainError(f"--codec-times: no such file {path!r}")
+    try:
+        codecs = json.loads(file.read_text()).get("codec_s")
+    except (json.JSONDecodeError, AttributeError):
+        raise DDTrainError(f"--codec-times {path}: not a JSON object with codec_s") from None
+    if not isinstance(codecs, dict):
+        raise DDTrainError(f"--codec-times {path}: no codec_s mapping (compression -> seconds) in it")
+    missing = [s for s in specs if s not in codecs]
+    if missing:
+        raise DDTrainError(f"--codec-times {path}: no time for {', '.join(missing)} (has {', '.join(codecs) or 'none'})")
+    for spec, value in codecs.items():
+        if not (isinstance(value, (int, float)) and value >= 0 and math.isfinite(value)):
+            raise DDTrainError(f"--codec-times {path}: codec_s[{spec!r}] must be a number >= 0, got {value!r}")
+    return {s: float(codecs[s]) for s in specs}
 
 
 def read_calibration(path: str) -> dict:
@@ -301,7 +325,12 @@ def build_advice(args) -> dict:
         cpu_factor = cpu_slowdown(args.ranks_per_host, args.host_cores)
     if args.measure:   # measured alone here: the job's ranks share the host
         workload = dataclasses.replace(workload, compute_s=compute_s * cpu_factor)
-    codecs = measure_codecs([m.compression for m in methods if m.compression != "none"], shapes)
+    specs_used = sorted({m.compression for m in methods if m.compression != "none"})
+    if args.codec_times:
+        codecs = read_codec_times(args.codec_times, specs_used)
+        cpu_factor = 1.0   # measured where the job runs, with its sharing
+    else:
+        codecs = measure_codecs(specs_used, shapes)
     network = advise.Network(alpha_s=alpha, bucket=TokenBucket(burst_bytes=burst, beta_s_per_byte=beta),
                              gamma_s_per_byte=gamma, codec_s=codecs, cpu_factor=cpu_factor,
                              alpha_by_algorithm=alpha_by_algorithm)
@@ -310,6 +339,8 @@ def build_advice(args) -> dict:
                         "params": workload.params, "link": source,
                         "compute_s_source": ("measured here (--measure), times the cpu factor" if args.measure
                                              else "--step-time"),
+                        "codec_s_source": (f"--codec-times {args.codec_times}" if args.codec_times
+                                           else "timed here on one thread, times the cpu factor"),
                         "not_predicted": skipped}
     return advice
 

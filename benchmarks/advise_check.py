@@ -89,10 +89,12 @@ def codec_worker(a) -> int:
     dist.init_process_group("gloo")
     shapes = advise_cli.model_shapes(argparse.Namespace(model=a.model, params=None, data=a.data))
     specs = [c for c in a.compressions.split(",") if c and c != "none"]
+    # a group of each rank alone: the compressors' collectives then send nothing (their own work only)
+    alone = [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]
     mine = {}
     for spec in specs:
         dist.barrier()
-        mine.update(advise_cli.time_codecs([spec], shapes))
+        mine.update(advise_cli.time_codecs([spec], shapes, group=alone))
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     if dist.get_rank() == 0:

@@ -167,8 +167,11 @@ def measure_codecs(specs, shapes, calls: int = 3) -> dict[str, float]:
         return time_codecs(specs, shapes, calls)
 
 
-def time_codecs(specs, shapes, calls: int = 3) -> dict[str, float]:
-    """``measure_codecs`` on the threads this process has (the check times them inside the cluster's ranks)."""
+def time_codecs(specs, shapes, calls: int = 3, group=None) -> dict[str, float]:
+    """``measure_codecs`` on the threads this process has (the check times them inside the cluster's ranks).
+
+    Inside a job, ``group`` must be a group of this rank alone, so that no message is sent.
+    """
     import torch
 
     from ddtrain.comm import compression
@@ -186,7 +189,7 @@ def time_codecs(specs, shapes, calls: int = 3) -> dict[str, float]:
         for i in range(calls + 1):
             buffer = flat.clone()
             start = time.perf_counter()
-            compressor.all_reduce_(buffer, shapes, algorithm="ring", key=0, last=True)
+            compressor.all_reduce_(buffer, shapes, algorithm="ring", group=group, key=0, last=True)
             if i:   # the first call allocates the state (error, P, Q)
                 times.append(time.perf_counter() - start)
         out[spec] = statistics.median(times)

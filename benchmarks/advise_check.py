@@ -23,7 +23,11 @@ For each link rate, on 4 emulated nodes (one rank each; every node shares this h
    with the compute step of step 1 (what the adviser ranked with) and with the compute step measured
    in that same run (``same-run``: the load of the shared host drifts between runs).
 
-Writes ``check_<rate>.json`` (every run's record path, predictions, measurements) and ``check.txt``.
+Writes ``check_<rate>.json`` (every run's record path, predictions, measurements) and ``check.txt``, and
+``check_overlap.txt``: the same inputs with the overlap of DDP's buckets and the backward pass
+(``costmodel.overlap``; backward = 2/3 of the calibration run's measured forward+backward), ranked again
+(its first choice and top 3 against the measured runs), and with each run's own compute step.
+``--reanalyse`` recomputes all of it from the saved records (no cluster).
 Needs root (the cluster); the records of every run stay under ``<out>/runs/``.
 
     python benchmarks/advise_check.py --crossover --out results/advise      # no cluster: committed files only
@@ -37,6 +41,7 @@ with the token bucket), writing ``crossover.json`` and ``crossover.txt``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -49,6 +54,7 @@ from pathlib import Path
 from ddtrain.cli import advise as advise_cli
 from ddtrain.cluster.netns import parse_rate
 from ddtrain.costmodel import advise
+from ddtrain.costmodel import overlap as costmodel_overlap
 from ddtrain.costmodel.burst import TokenBucket, emulated_burst_bytes, link_beta
 from ddtrain.costmodel.contention import cpu_slowdown
 from ddtrain.costmodel.loaded import CommSample, fit_loaded
@@ -187,6 +193,7 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
     argv = ["--model", a.model, "--data", a.data, "--workers", str(NODES), "--batch-size", str(a.batch_size),
             "--step-time", f"{compute['step_s']:.6f}", "--calibration", str(loaded_file),
             "--codec-times", str(codec_file), "--compressions", a.compressions, "--sync-every", a.sync_every,
+            "--backward-share", f"{backward_share(nosync):.4f}",
             "--json", str(out / f"advice_{rate}.json")]
     parser = argparse.ArgumentParser()
     advise_cli.add_arguments(parser)
@@ -197,7 +204,7 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
     (out / f"advice_{rate}.txt").write_text(f"$ ddtrain advise {' '.join(argv)}\n" + advise_cli.render(advice) + "\n")
     log(advise_cli.render(advice, top=10))
     workload = advise.Workload(shapes=advise_cli.model_shapes(args), workers=NODES, batch_size=a.batch_size,
-                               compute_s=compute["step_s"])
+                               compute_s=compute["step_s"], backward_share=backward_share(nosync))
     network = advise.Network(alpha_s=fit.alpha_s, bucket=bucket, codec_s=codec_times(advice),
                              cpu_factor=advice["network"]["cpu_factor"],
                              alpha_by_algorithm={"native": fits["native"].alpha_s})
@@ -251,10 +258,40 @@ def run_name(label: str) -> str:
     return label.replace(" ", "_").replace("(", "").replace(")", "").replace(":", "-")
 
 
+def _slowest_split(record: dict) -> dict:
+    """The split of the worker with the longest data + forward/backward + optimizer (waits excluded)."""
+    return max((r["split_s"] for r in record["profile"]["ranks"] if r["role"] == "worker" and r["timed_steps"]),
+               key=lambda s: s["data_s"] + s["compute_s"] + s["optimizer_s"])
+
+
 def same_run_compute(record: dict) -> float:
     """The run's own compute step: the slowest worker's mean data + forward/backward + optimizer seconds, waits excluded."""
-    return max(r["split_s"]["data_s"] + r["split_s"]["compute_s"] + r["split_s"]["optimizer_s"]
-               for r in record["profile"]["ranks"] if r["role"] == "worker" and r["timed_steps"])
+    s = _slowest_split(record)
+    return s["data_s"] + s["compute_s"] + s["optimizer_s"]
+
+
+def backward_share(record: dict) -> float:
+    """The backward pass's part of a run's compute step: the FLOP rule (backward = 2/3 of forward+backward) applied
+    to the measured forward+backward; data and optimizer are measured apart and never overlap communication."""
+    s = _slowest_split(record)
+    return costmodel_overlap.BACKWARD_SHARE_OF_FORWARD_BACKWARD * s["compute_s"] / (
+        s["data_s"] + s["compute_s"] + s["optimizer_s"])
+
+
+def advice_network(advice: dict, overlap: bool) -> advise.Network:
+    """The Network an advice JSON ranked with (its recorded α, bucket, codec times, cpu factor)."""
+    n = advice["network"]
+    return advise.Network(alpha_s=n["alpha_s"], bucket=TokenBucket(burst_bytes=n["burst_bytes"],
+                                                                  beta_s_per_byte=n["beta_s_per_byte"]),
+                          gamma_s_per_byte=n.get("gamma_s_per_byte", 0.0), codec_s=codec_times(advice),
+                          cpu_factor=n["cpu_factor"], alpha_by_algorithm=n.get("alpha_by_algorithm", {}),
+                          overlap=overlap)
+
+
+def method_of(fields: dict) -> advise.Method:
+    return advise.Method(strategy=fields["strategy"], algorithm=fields["algorithm"], kind=fields["kind"],
+                         compression=fields["compression"], sync_every=fields["sync_every"],
+                         outer=fields.get("outer", "average"))
 
 
 def annotate_same_run(res: dict, out: Path) -> dict:
@@ -281,9 +318,17 @@ def annotate_same_run(res: dict, out: Path) -> dict:
         record = json.loads(Path(row.get("record") or out / "runs" / f"{rate}_{run_name(row['label'])}.json").read_text())
         compute = same_run_compute(record)
         network = advise.Network(alpha_s=loaded["alpha_s"], bucket=bucket, codec_s=codec_times(advice),
-                                 cpu_factor=same_run_factor, alpha_by_algorithm=loaded.get("alpha_by_algorithm", {}))
-        workload = advise.Workload(shapes=shapes, workers=NODES, batch_size=res.get("batch_size", 32), compute_s=compute)
+                                 cpu_factor=same_run_factor, alpha_by_algorithm=loaded.get("alpha_by_algorithm", {}),
+                                 overlap=False)
+        workload = advise.Workload(shapes=shapes, workers=NODES, batch_size=res.get("batch_size", 32), compute_s=compute,
+                                   backward_share=backward_share(record))
+        # same-run, as in runs 1-3: no overlap (kept so that their figures stay reproducible); with the overlap below
         predicted = advise.predict(method, workload, network).step_s
+        overlap = advise.predict(method, workload, dataclasses.replace(network, overlap=True))
+        row["predicted_overlap_same_run_s"] = overlap.step_s
+        row["exposed_overlap_same_run_s"] = overlap.exposed_s
+        row["backward_share_same_run"] = workload.backward_share
+        row["error_overlap_same_run_pct"] = 100 * (overlap.step_s - row["measured"]["step_s"]) / row["measured"]["step_s"]
         old = advise.predict(method, workload, network.plain(res.get("old_alpha_s", OLD_ALPHA_S))).step_s
         row["predicted_old_same_run_s"] = old
         row["error_old_same_run_pct"] = 100 * (old - row["measured"]["step_s"]) / row["measured"]["step_s"]
@@ -292,7 +337,80 @@ def annotate_same_run(res: dict, out: Path) -> dict:
         row["error_same_run_pct"] = 100 * (predicted - row["measured"]["step_s"]) / row["measured"]["step_s"]
     res["top3_within_20pct_same_run"] = all(abs(r["error_same_run_pct"]) <= 20 for r in res["rows"]
                                             if r["role"] != "baseline")
+    annotate_overlap_at_ranking(res, advice, shapes, out)
     return res
+
+
+def annotate_overlap_at_ranking(res: dict, advice: dict, shapes, out: Path) -> None:
+    """Rank again with the overlap model and the inputs the adviser ranked with (its compute step, α, codec times),
+    the backward share from the calibration run's record; its first choice and top 3 against the measured runs."""
+    rate = res["rate"]
+    compute_record = json.loads((out / "runs" / f"{rate}_compute.json").read_text())
+    share = backward_share(compute_record)
+    workload = advise.Workload(shapes=shapes, workers=NODES, batch_size=res.get("batch_size", 32),
+                               compute_s=advice["workload"]["compute_s"], backward_share=share)
+    network = advice_network(advice, overlap=True)
+    ranked = advise.rank([advise.predict(method_of(f), workload, network) for f in advice["ranked"]],
+                         advice["risk_bound_points"])
+    by_label = {p.method.label: p for p in ranked}
+    plain = advice_network(advice, overlap=False)
+    for row in res["rows"]:
+        p = by_label[row["label"]]
+        # the same inputs without the overlap (runs 1-3: what the adviser ranked with, reproduced)
+        row["predicted_no_overlap_s"] = advise.predict(p.method, workload, plain).step_s
+        row["predicted_overlap_s"] = p.step_s
+        row["exposed_overlap_s"] = p.exposed_s
+        row["error_overlap_pct"] = 100 * (p.step_s - row["measured"]["step_s"]) / row["measured"]["step_s"]
+    first = advise.first_choice(ranked)
+    top3 = [p.method.label for p in advise.top_distinct(ranked, 3)]
+    measured = {r["label"]: r for r in res["rows"]}
+    eligible = [r for r in res["rows"] if r["eligible"]]
+    fastest = min(eligible, key=lambda r: r["measured"]["step_s"])["label"] if eligible else None
+    res["overlap"] = {
+        "backward_share": share, "compute_s": workload.compute_s,
+        "first_choice": first.method.label if first else None, "top3": top3,
+        "top3_all_measured": all(label in measured for label in top3),
+        "measured_fastest_eligible": fastest,
+        "first_choice_is_measured_fastest": bool(first and first.method.label == fastest),
+        "top3_within_20pct": all(label in measured and abs(measured[label]["error_overlap_pct"]) <= 20
+                                 for label in top3),
+        "top3_within_20pct_same_run": all(label in measured and abs(measured[label]["error_overlap_same_run_pct"]) <= 20
+                                          for label in top3),
+        "rule": "costmodel.overlap: buckets ready in reverse parameter order at a uniform rate per parameter over the "
+                "backward pass (2/3 of the measured forward+backward); one communication thread; the last bucket "
+                "never overlaps"}
+
+
+def overlap_table(results: list[dict]) -> str:
+    """Predicted (overlap model) against measured, at ranking time and with each run's own compute step."""
+    out = ["# predicted vs measured step time with the overlap of DDP's buckets and the backward pass (costmodel/overlap.py)",
+           "# no-overlap: the adviser's prediction without the overlap term (runs 1-3: what it ranked with)",
+           "# overlap: the same inputs (compute step of the calibration run, alpha under load, codec times) with the "
+           "overlap; same-run: with each run's own compute step and backward share",
+           "# backward = 2/3 of the measured forward+backward (FLOP rule); buckets ready in reverse parameter order, "
+           "uniform per parameter",
+           "#",
+           f"# {'rate':>7} {'role':<8} {'method':<28} {'measured':>9} {'no-ovl':>9} {'overlap':>9} {'ovl same':>9} "
+           f"{'exposed':>9} {'err no':>8} {'err ovl':>8} {'err same':>8}",
+           f"# {'':>7} {'':<8} {'':<28} {'(ms)':>9} {'(ms)':>9} {'(ms)':>9} {'(ms)':>9} {'(ms)':>9} {'(%)':>8} "
+           f"{'(%)':>8} {'(%)':>8}"]
+    for res in results:
+        ov = res["overlap"]
+        for r in res["rows"]:
+            no_overlap = r["predicted_no_overlap_s"]
+            err_no = 100 * (no_overlap - r["measured"]["step_s"]) / r["measured"]["step_s"]
+            out.append(f"  {res['rate']:>7} {r['role']:<8} {r['label']:<28} {1e3 * r['measured']['step_s']:9.1f} "
+                       f"{1e3 * no_overlap:9.1f} {1e3 * r['predicted_overlap_s']:9.1f} "
+                       f"{1e3 * r['predicted_overlap_same_run_s']:9.1f} {1e3 * r['exposed_overlap_s']:9.1f} "
+                       f"{err_no:8.1f} {r['error_overlap_pct']:8.1f} {r['error_overlap_same_run_pct']:8.1f}")
+        out.append(f"# {res['rate']}: backward share {ov['backward_share']:.3f} of the compute step "
+                   f"{1e3 * ov['compute_s']:.1f} ms; with the overlap the first choice is {ov['first_choice']}, top 3 "
+                   f"{ov['top3']} (all measured: {'yes' if ov['top3_all_measured'] else 'NO'}); measured fastest "
+                   f"eligible {ov['measured_fastest_eligible']} -> "
+                   f"{'same' if ov['first_choice_is_measured_fastest'] else 'DIFFERENT'}; top 3 within 20%: "
+                   f"{'yes' if ov['top3_within_20pct'] else 'NO'} (at ranking), "
+                   f"{'yes' if ov['top3_within_20pct_same_run'] else 'NO'} (same-run)")
+    return "\n".join(out)
 
 
 def table(results: list[dict]) -> str:
@@ -423,6 +541,7 @@ def main() -> int:
             results.append(res)
         text = table(results)
         (out / "check.txt").write_text(text + "\n")
+        write_overlap(results, out, print)
         print(text)
         return 0
     out.mkdir(parents=True, exist_ok=True)
@@ -441,7 +560,14 @@ def main() -> int:
     text = table(results)
     (out / "check.txt").write_text(text + "\n")
     log(text)
+    write_overlap(results, out, log)
     return 0
+
+
+def write_overlap(results: list[dict], out: Path, log) -> None:
+    text = overlap_table(results)
+    (out / "check_overlap.txt").write_text(f"$ python benchmarks/advise_check.py --reanalyse --out {out}\n" + text + "\n")
+    log(text)
 
 
 if __name__ == "__main__":

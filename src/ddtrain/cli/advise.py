@@ -41,6 +41,8 @@ def add_arguments(parser) -> None:
                                          "e.g. 0.4 or 400ms")
     run.add_argument("--measure", action="store_true", help="time a few steps of --model here (one thread) instead of "
                                                             "--step-time")
+    run.add_argument("--backward-share", type=float, help="the part of the compute step that is the backward pass, "
+                     "which bucket communication overlaps (default 2/3: backward ~ 2x forward, the FLOP rule)")
     run.add_argument("--host-cores", type=int, help="cores the ranks of one host share (with --ranks-per-host: the "
                                                     "work measured here on one thread slows down by ranks / cores)")
     run.add_argument("--ranks-per-host", type=int, help="ranks sharing --host-cores (every rank in the emulated cluster)")
@@ -300,8 +302,12 @@ def build_advice(args) -> dict:
     methods = advise.candidates(strategies, specs, intervals)
     shapes = model_shapes(args)
     compute_s = measure_step(args) if args.measure else parse_seconds(args.step_time, "--step-time")
+    share = getattr(args, "backward_share", None)
+    if share is not None and not 0 <= share <= 1:
+        raise DDTrainError(f"--backward-share must be a number in [0, 1], got {share}")
     workload = advise.Workload(shapes=shapes, workers=args.workers, batch_size=args.batch_size, compute_s=compute_s,
-                               procs_per_node=args.procs_per_node)
+                               procs_per_node=args.procs_per_node,
+                               **({} if share is None else {"backward_share": share}))
     if args.calibration:
         cal = read_calibration(args.calibration)
         alpha, beta, gamma = cal["alpha_s"], cal["beta_s_per_byte"], cal.get("gamma_s_per_byte", 0.0)
@@ -359,18 +365,21 @@ def render(advice: dict, top: int = 0) -> str:
            + "".join(f" ({a}: {1e3 * x:.3f} ms)" for a, x in n["alpha_by_algorithm"].items())
            + f", beta {1e9 * n['beta_s_per_byte']:.3f} ns/B, burst {n['burst_bytes']:,} B; codec measured alone here "
            f"x cpu factor {n['cpu_factor']:.2f}",
-           "# step = compute + collectives (alpha per step + bytes through the token bucket) + codec; "
-           "docs/ADVISE.md",
+           "# step = compute + exposed: the collectives (alpha per step + bytes through the token bucket) and codec "
+           "left after the backward pass (" + f"{100 * w.get('backward_share', 2 / 3):.0f}" + "% of the compute "
+           "step) that DDP's buckets overlap; local SGD: compute + averaging / K; docs/ADVISE.md",
            f"# risk: accuracy points the choice may cost (exact / ours / published / unmeasured); "
            f"eligible = known within {advice['risk_bound_points']:g} point(s)",
            "#"]
-    header = ("rank", "method", "step", "comm", "codec", "bytes/step", "risk", "basis", "eligible")
-    units = ("", "", "(ms)", "(ms)", "(ms)", "(MB)", "(points)", "", "")
+    header = ("rank", "method", "step", "comm", "codec", "exposed", "bytes/step", "risk", "basis", "eligible")
+    units = ("", "", "(ms)", "(ms)", "(ms)", "(ms)", "(MB)", "(points)", "", "")
     cells = []
     for i, r in enumerate(rows, 1):
         points = r["risk"]["points"]
         cells.append((str(i), r["label"], f"{1e3 * r['step_s']:.1f}", f"{1e3 * r['comm_s']:.1f}",
-                      f"{1e3 * r['codec_s']:.1f}", f"{r['bytes_per_step'] / 1e6:.3f}",
+                      f"{1e3 * r['codec_s']:.1f}",
+                      "-" if r.get("exposed_s") is None else f"{1e3 * r['exposed_s']:.1f}",
+                      f"{r['bytes_per_step'] / 1e6:.3f}",
                       "?" if points is None else f"{points:g}", r["risk"]["basis"], "yes" if r["eligible"] else "no"))
     widths = [max(len(header[i]), len(units[i]), *(len(c[i]) for c in cells)) for i in range(len(header))]
 

@@ -8,7 +8,8 @@
 - ``advise``: predicted step time and bytes of every strategy × compression × algorithm, ranked
   with each one's accuracy risk (``risks``), over what the plain model misses: α under load fitted
   to collectives inside training (``loaded``), the emulated links' token bucket (``burst``), ranks
-  sharing a host (``contention``), each algorithm's messages step by step (``schedule``).
+  sharing a host (``contention``), each algorithm's messages step by step (``schedule``), DDP's
+  buckets overlapping the backward pass (``overlap``).
 """
 from __future__ import annotations
 

@@ -9,12 +9,14 @@ with the collectives read from the compression method (``ddtrain.comm.compressio
 all-reduce of each DDP bucket (1 MiB first, then ``bucket_cap``), a 16-bit one for fp16/bf16,
 three per bucket for PowerSGD after its warm-up (the uncompressed tensors, P, Q), one ring
 all-gather of (value, index) pairs for top-k. Communication is charged in full after the compute
-(no overlap with the backward pass: on a loaded 2-core host the communication thread competes
-with it). The compressor's own work (casts, PowerSGD's products and orthogonalisation, top-k's
+(see below for the overlap with the backward pass). The compressor's own work (casts, PowerSGD's products and orthogonalisation, top-k's
 selection) is measured alone on the real shapes (``Network.codec_s``) and multiplied by the host's
-CPU sharing (``Network.cpu_factor``: ``contention.cpu_slowdown``, or a measured ratio). A method that averages parameters every K steps (local SGD) pays one all-reduce of the
-parameters every K steps: ``step = compute + averaging / K``. ``Network.plain`` gives the old
-model (calibrated α, no bucket, compute as given) for comparison.
+CPU sharing (``Network.cpu_factor``: ``contention.cpu_slowdown``, or a measured ratio). Each
+bucket's codec and collectives overlap the rest of the backward pass (``overlap``): the step pays
+``compute + exposed`` instead of ``compute + comm + codec``. A method that averages parameters
+every K steps (local SGD) pays one all-reduce of the parameters every K steps after its step (no
+overlap): ``step = compute + averaging / K``. ``Network.plain`` gives the old model (calibrated
+α, no bucket, compute as given, no overlap) for comparison.
 
 The ranking is by predicted step time; the first choice is the fastest whose accuracy risk
 (``risks``) is known to be within ``risk_bound_points``.
@@ -32,6 +34,7 @@ from ddtrain.costmodel import schedule
 from ddtrain.costmodel.burst import TokenBucket, transfer
 from ddtrain.costmodel.contention import link_share_factor
 from ddtrain.costmodel.loaded import _added_bytes
+from ddtrain.costmodel.overlap import BACKWARD_SHARE_OF_FORWARD_BACKWARD, exposed_s
 from ddtrain.costmodel.risks import Risk, risk_of
 from ddtrain.errors import DDTrainError
 
@@ -78,6 +81,9 @@ class Workload:
     compute_s: float                      # forward+backward+optimizer of one step, no communication (as measured)
     procs_per_node: int = 1
     bucket_cap_bytes: float = DEFAULT_BUCKET_CAP_BYTES
+    # the part of compute_s that is the backward pass (what bucket communication can hide behind): the FLOP
+    # rule's 2/3 of forward+backward by default, data and optimizer counted in (unknown from one step time)
+    backward_share: float = BACKWARD_SHARE_OF_FORWARD_BACKWARD
 
     def __post_init__(self):
         if not self.shapes:
@@ -88,6 +94,8 @@ class Workload:
             raise DDTrainError(f"batch size must be >= 1, got {self.batch_size}")
         if not (self.compute_s >= 0 and math.isfinite(self.compute_s)):
             raise DDTrainError(f"the compute step time must be a finite number >= 0 s, got {self.compute_s}")
+        if not 0 <= self.backward_share <= 1:
+            raise DDTrainError(f"the backward share of the compute step must be in [0, 1], got {self.backward_share}")
         if self.procs_per_node < 1 or self.workers % self.procs_per_node:
             raise DDTrainError(f"procs per node must be >= 1 and divide the workers ({self.workers}), "
                                f"got {self.procs_per_node}")
@@ -109,15 +117,17 @@ class Network:
     # ours are Python point-to-point calls on the communication thread (alpha_s)
     alpha_by_algorithm: Mapping[str, float] = field(default_factory=dict)
     cpu_factor: float = 1.0               # how much slower the ranks' own work runs on the shared host (contention)
+    overlap: bool = True                  # bucket communication overlaps the backward pass (DDP hooks; costmodel.overlap)
     name: str = "new"
 
     def alpha_for(self, algorithm: str) -> float:
         return self.alpha_by_algorithm.get(algorithm, self.alpha_s)
 
     def plain(self, alpha_s: float) -> Network:
-        """The old model over the same link: α as calibrated, no token bucket, no CPU sharing."""
+        """The old model over the same link: α as calibrated, no token bucket, no CPU sharing, no overlap."""
         return Network(alpha_s=alpha_s, bucket=TokenBucket(burst_bytes=0, beta_s_per_byte=self.bucket.beta_s_per_byte),
-                       gamma_s_per_byte=self.gamma_s_per_byte, codec_s=self.codec_s, cpu_factor=1.0, name="old")
+                       gamma_s_per_byte=self.gamma_s_per_byte, codec_s=self.codec_s, cpu_factor=1.0, overlap=False,
+                       name="old")
 
 
 @dataclass(kw_only=True)
@@ -132,13 +142,14 @@ class Prediction:
     collectives_per_step: float
     risk: Risk
     eligible: bool = False                # accuracy risk within the bound
+    exposed_s: float | None = None        # communication + codec the step waits for (less than both: overlap)
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         m = self.method
         return {"label": m.label, "strategy": m.strategy, "algorithm": m.algorithm, "compression": m.compression,
                 "sync_every": m.sync_every, "outer": m.outer, "kind": m.kind, "train_args": m.train_args(),
-                "step_s": self.step_s, "comm_s": self.comm_s, "codec_s": self.codec_s,
+                "step_s": self.step_s, "comm_s": self.comm_s, "codec_s": self.codec_s, "exposed_s": self.exposed_s,
                 "bytes_per_step": self.bytes_per_step, "collectives_per_step": self.collectives_per_step,
                 "risk": self.risk.as_dict(), "eligible": self.eligible, "notes": self.notes}
 
@@ -203,27 +214,33 @@ def buckets(shapes: Sequence[tuple[int, ...]], cap_bytes: float, element_size: i
 
 def collectives(method: Method, workload: Workload) -> list[tuple[str, float]]:
     """The (kind, bytes per rank) of each collective one step of ``method`` runs, in order ('allreduce' or 'allgather')."""
+    return [c for _, bucket in bucket_collectives(method, workload) for c in bucket]
+
+
+def bucket_collectives(method: Method, workload: Workload) -> list[tuple[int, list[tuple[str, float]]]]:
+    """(elements, its collectives) of each DDP bucket in the order backward fills them (averaging: one, the parameters)."""
     if method.kind == "average":
-        return [("allreduce", workload.params * 4.0)]
+        return [(workload.params, [("allreduce", workload.params * 4.0)])]
     record, argument = compressions.parse_spec(method.compression)
     out = []
     for bucket in buckets(workload.shapes, workload.bucket_cap_bytes):
         elements = sum(numel(s) for s in bucket)
         if record.name == "none":
-            out.append(("allreduce", elements * 4.0))
+            these = [("allreduce", elements * 4.0)]
         elif record.name in ("fp16", "bf16"):
-            out.append(("allreduce", elements * 2.0))
+            these = [("allreduce", elements * 2.0)]
         elif record.name == "powersgd":
             plans = [powersgd.matrix_plan(s, argument[0]) for s in bucket]
             plain = sum(numel(s) for s, plan in zip(bucket, plans) if not plan[0])
             p = sum(n * r for compressed, n, m, r in plans if compressed)
             q = sum(m * r for compressed, n, m, r in plans if compressed)
-            out += [("allreduce", x * 4.0) for x in (plain, p, q) if x]
+            these = [("allreduce", x * 4.0) for x in (plain, p, q) if x]
         elif record.name == "topk":
             k = sum(topk.kept(numel(s), argument) for s in bucket)
-            out.append(("allgather", k * (4.0 + topk.INDEX_BYTES)))
+            these = [("allgather", k * (4.0 + topk.INDEX_BYTES))]
         else:
             raise DDTrainError(f"no cost model for compression {method.compression!r}")
+        out.append((elements, these))
     return out
 
 
@@ -258,23 +275,38 @@ def collective_seconds(kind: str, nbytes: float, ranks: int, algorithm: str, net
 def predict(method: Method, workload: Workload, network: Network) -> Prediction:
     """Predicted step of ``method`` (see the module docstring)."""
     ranks = workload.workers + method.extra_ranks
-    per_step = collectives(method, workload)
-    # the compute step before the first collective refills the bucket
+    per_bucket = bucket_collectives(method, workload)
+    per_step = [c for _, bucket in per_bucket for c in bucket]
+    # the compute step before the first collective refills the bucket (the gaps between buckets while backward
+    # fills the next are not credited: the burst is at most 4 ms of the rate, small against a 25 MB bucket)
     tokens = network.bucket.refill(0.0, workload.compute_s)
-    comm_s, steps = 0.0, 0
-    for kind, nbytes in per_step:
-        seconds, tokens, n = collective_seconds(kind, nbytes, ranks, method.algorithm, network,
-                                                workload.procs_per_node, tokens)
-        comm_s += seconds
-        steps += n
+    bucket_comm = []
+    for _, bucket in per_bucket:
+        seconds_here = 0.0
+        for kind, nbytes in bucket:
+            seconds, tokens, _ = collective_seconds(kind, nbytes, ranks, method.algorithm, network,
+                                                    workload.procs_per_node, tokens)
+            seconds_here += seconds
+        bucket_comm.append(seconds_here)
+    comm_s = sum(bucket_comm)
     sent = sum(allgather_bytes(b, ranks) if kind == "allgather" else allreduce_bytes(b, ranks) for kind, b in per_step)
     codec = codec_seconds(method, workload, network)
     every = method.sync_every if method.kind == "average" else 1
+    if method.kind == "gradient" and network.overlap:
+        # every gradient strategy is a DDP hook: a bucket's codec and collectives start once backward has filled it
+        # and run on one communication thread; the codec is shared among buckets by their elements (its work, casts
+        # and products, is per element)
+        elements = [e for e, _ in per_bucket]
+        work = [c + codec * e / sum(elements) for c, (e, _) in zip(bucket_comm, per_bucket)]
+        exposed = exposed_s(workload.backward_share * workload.compute_s, elements, work)
+    else:
+        # local SGD averages after its step, nothing to hide behind: sequential
+        exposed = (comm_s + codec) / every
     risk = (risk_of(local_sgd_interval=method.sync_every, outer=method.outer) if method.kind == "average"
             else risk_of(method.compression))
-    return Prediction(method=method, step_s=workload.compute_s + (comm_s + codec) / every, comm_s=comm_s / every,
+    return Prediction(method=method, step_s=workload.compute_s + exposed, comm_s=comm_s / every,
                       codec_s=codec / every, bytes_per_step=sent / every, collectives_per_step=len(per_step) / every,
-                      risk=risk)
+                      risk=risk, exposed_s=exposed)
 
 
 def rank(predictions: Sequence[Prediction], risk_bound_points: float = RISK_BOUND_POINTS) -> list[Prediction]:
@@ -312,13 +344,14 @@ def advise(workload: Workload, network: Network, methods: Sequence[Method],
     first = first_choice(ranked)
     return {"workload": {"params": workload.params, "gradient_bytes": workload.params * 4, "workers": workload.workers,
                          "batch_size": workload.batch_size, "compute_s": workload.compute_s,
+                         "backward_share": workload.backward_share,
                          "procs_per_node": workload.procs_per_node},
             "network": {"name": network.name, "alpha_s": network.alpha_s,
                         "alpha_by_algorithm": dict(network.alpha_by_algorithm), "burst_bytes": network.bucket.burst_bytes,
                         "beta_s_per_byte": network.bucket.beta_s_per_byte,
                         "rate_Mbit_s": 8e-6 / network.bucket.beta_s_per_byte if network.bucket.beta_s_per_byte else None,
                         "gamma_s_per_byte": network.gamma_s_per_byte, "codec_s": dict(network.codec_s),
-                        "cpu_factor": network.cpu_factor},
+                        "cpu_factor": network.cpu_factor, "overlap": network.overlap},
             "risk_bound_points": risk_bound_points,
             "first_choice": first.as_dict() if first else None,
             "top3": [p.as_dict() for p in top_distinct(ranked, 3)],

@@ -406,6 +406,10 @@ def overlap_table(results: list[dict]) -> str:
                        f"{1e3 * r['predicted_overlap_same_run_s']:9.1f} {1e3 * r['exposed_overlap_same_run_s']:9.1f} "
                        f"{1e3 * min(r['measured']['comm_wait_s']):9.1f} "
                        f"{err_no:8.1f} {r['error_overlap_pct']:8.1f} {r['error_overlap_same_run_pct']:8.1f}")
+        # the 20% criterion is on |error|: the magnitudes, row by row (no-overlap / overlap / overlap same-run)
+        out.append(f"# {res['rate']} |error| (%) no-overlap/overlap/same-run: " + ", ".join(
+            f"{r['role']} {abs(100 * (r['predicted_no_overlap_s'] - r['measured']['step_s']) / r['measured']['step_s']):.1f}"
+            f"/{abs(r['error_overlap_pct']):.1f}/{abs(r['error_overlap_same_run_pct']):.1f}" for r in res["rows"]))
         out.append(f"# {res['rate']}: backward share {ov['backward_share']:.3f} of the compute step "
                    f"{1e3 * ov['compute_s']:.1f} ms; with the overlap the first choice is {ov['first_choice']}, top 3 "
                    f"{ov['top3']} (all measured: {'yes' if ov['top3_all_measured'] else 'NO'}); measured fastest "

@@ -2,15 +2,15 @@
 
 A step of a method that syncs gradients every step is predicted as
 
-    step = compute + Σ over the step's collectives (α_load · steps + link time through the token bucket + γ · added bytes)
-           + codec (the compressor's own work, scaled by the ranks sharing the host's cores)
+    step = compute + exposed (what is left after the backward pass of, bucket by bucket: the codec, the compressor's
+           own work scaled by the ranks sharing the host's cores, and Σ over the bucket's collectives
+           (α_load · steps + link time through the token bucket + γ · added bytes))
 
 with the collectives read from the compression method (``ddtrain.comm.compression``): one
 all-reduce of each DDP bucket (1 MiB first, then ``bucket_cap``), a 16-bit one for fp16/bf16,
 three per bucket for PowerSGD after its warm-up (the uncompressed tensors, P, Q), one ring
-all-gather of (value, index) pairs for top-k. Communication is charged in full after the compute
-(see below for the overlap with the backward pass). The compressor's own work (casts, PowerSGD's products and orthogonalisation, top-k's
-selection) is measured alone on the real shapes (``Network.codec_s``) and multiplied by the host's
+all-gather of (value, index) pairs for top-k. The compressor's own work (casts, PowerSGD's products and
+orthogonalisation, top-k's selection) is measured alone on the real shapes (``Network.codec_s``) and multiplied by the host's
 CPU sharing (``Network.cpu_factor``: ``contention.cpu_slowdown``, or a measured ratio). Each
 bucket's codec and collectives overlap the rest of the backward pass (``overlap``): the step pays
 ``compute + exposed`` instead of ``compute + comm + codec``. A method that averages parameters

@@ -427,7 +427,8 @@ def table(results: list[dict]) -> str:
            f"(alpha {1e6 * OLD_ALPHA_S:.1f} us from {OLD_ALPHA_SOURCE}), no bucket, no CPU factor",
            "#",
            "# new: compute step from the calibration run (what the adviser ranked with); same-run: the compute step "
-           "measured in that run itself (data + forward/backward + optimizer, waits excluded), the rest as new",
+           "measured in that run itself (data + forward/backward + optimizer, waits excluded), the rest as new but "
+           "without the overlap of buckets and backward (as runs 1-3 ranked; with it: check_overlap.txt)",
            "#",
            "# old same-run: the old model with the same-run compute step",
            "#",

@@ -44,7 +44,7 @@ def test_a_toml_file_gives_the_settings_and_flags_override_it(tmp_path):
     path = tmp_path / "run.toml"
     path.write_text(TOML)
     config, nproc = resolve("--config", str(path), "--lr", "0.05", "--model-arg", "dropout=0.1")
-    assert nproc == 1
+    assert nproc == (1, 1)   # (MIN, MAX) workers: no --nproc means one
     assert (config.model, config.data, config.lr_schedule, config.lr_warmup_steps, config.grad_accum) == \
         ("mlp", "digits", "cosine", 3, 2)
     assert config.lr == 0.05                                  # the flag wins

@@ -25,9 +25,6 @@ REPO = Path(__file__).resolve().parent.parent
 OUT = REPO / "results" / "claims" / "checklist.md"
 NOTES = REPO / "results" / "claims" / "notes.tsv"
 DOCS = ["README.md"] + sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").glob("*.md"))
-# left out until its owner's check is final (temporary, this session)
-ELSEWHERE = {"docs/ADVISE.md"}
-ELSEWHERE_SECTIONS: set[tuple[str, str]] = set()
 
 NUMBER = re.compile(r"(?<![\w.\-/+])(\d{1,3}(?:,\d{3})+|\d+)(\.\d+)?\s?(%|×|x\b)?(?![\w/]|\.\d)")
 NOT_A_CLAIM_BEFORE = re.compile(r"(Tables?|Figs?\.?|Figures?|§|ch\.|chapters?|issues?|[Dd]ocuments?|version|"
@@ -149,13 +146,12 @@ def main(argv=None) -> int:
            "Written by `python benchmarks/check_claims.py` (see its docstring for the rules). Status: **found** "
            "(a number in the named raw file rounds to it), **note** (reviewed by hand: the note says why it has "
            "no raw file of its own), **unchecked** (neither: to fix). "
-           f"Documents: README.md and every docs/*.md"
-           + (f", except {', '.join(sorted(ELSEWHERE))} (left out for now)." if ELSEWHERE else "."), "",
+           "Documents: README.md and every docs/*.md.", "",
            "Limits: *found* means some number in the named file rounds to the doc's at its precision (numbers "
-           "of fewer than 3 significant digits and 3 decimals must appear as written), not that it sits in the same row; "
-           "integers below 100 without a unit (counts and settings: 4 ranks, 2 epochs) are not checked.", ""]
+           "of fewer than 3 significant digits and 3 decimals must appear as written), not that it sits in the "
+           "same row; integers below 100 without a unit (counts and settings: 4 ranks, 2 epochs) are not checked.", ""]
     totals = {"found": 0, "note": 0, "unchecked": 0}
-    for doc in [d for d in DOCS if d not in ELSEWHERE]:
+    for doc in DOCS:
         lines = (REPO / doc).read_text().splitlines()
         rows = []
         for start, end, chain in sections(lines):
@@ -167,9 +163,6 @@ def main(argv=None) -> int:
                     j += 1
                 context += "\n" + "\n".join(lines[i:j])
             files = raw_files(context)
-            headings = [lines[i] for _, i in chain]
-            if any(doc == d and any(h.startswith(prefix) for h in headings) for d, prefix in ELSEWHERE_SECTIONS):
-                continue
             for n in range(start, end):
                 for written, value, decimals in claims(lines[n]):
                     where = found(written, value, decimals, files)

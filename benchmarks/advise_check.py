@@ -68,6 +68,17 @@ OLD_ALPHA_SOURCE = "results/cluster/collectives_4nodes_200mbit.txt (bench calibr
 MLP_HIDDEN = ("16", "1024,1024")   # ~13 K and ~1.9 M parameters: ~50 KB and ~7.6 MB of gradients
 
 
+def run_logged(cmd: list[str], what: str, log) -> None:
+    """Run ``cmd``, logging (``log``) the command, its exit status, time and the load average; a failure ends the check."""
+    log(f"$ {' '.join(cmd)}")
+    start = time.time()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    log(f"#   exit {done.returncode} after {time.time() - start:.1f} s; load average {os.getloadavg()[0]:.2f}")
+    if done.returncode != 0:
+        log(done.stdout[-2000:] + done.stderr[-2000:])
+        raise SystemExit(f"{what} failed")
+
+
 def train(out: Path, rate: str, name: str, args: list[str], *, steps: int, warmup: int, model: str, data: str,
           batch: int, log) -> dict:
     """One ``ddtrain train`` in the cluster; its record (the --out JSON)."""
@@ -78,13 +89,7 @@ def train(out: Path, rate: str, name: str, args: list[str], *, steps: int, warmu
            "ddtrain", "train", "--model", model, "--data", f"synthetic:{data}", "--data-arg", f"samples={samples}",
            "--batch-size", str(batch), "--steps", str(steps), "--val-fraction", "0", "--profile",
            "--profile-warmup-steps", str(warmup), "--quiet", "--out", str(record), *args]
-    log(f"$ {' '.join(cmd)}")
-    start = time.time()
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    log(f"#   exit {done.returncode} after {time.time() - start:.1f} s; load average {os.getloadavg()[0]:.2f}")
-    if done.returncode != 0:
-        log(done.stdout[-2000:] + done.stderr[-2000:])
-        raise SystemExit(f"run {name} at {rate} failed")
+    run_logged(cmd, f"run {name} at {rate}", log)
     return json.loads(record.read_text())
 
 
@@ -119,13 +124,7 @@ def measure_codecs_in_cluster(out: Path, rate: str, a, log) -> Path:
     cmd = ["ddtrain", "cluster", "run", "--nodes", str(NODES), "--link", rate, "--timeout-s", "600", "--",
            "python", str(Path(__file__).resolve()), "--codec-worker", "--codec-out", str(target),
            "--model", a.model, "--data", a.data, "--compressions", a.compressions]
-    log(f"$ {' '.join(cmd)}")
-    start = time.time()
-    done = subprocess.run(cmd, capture_output=True, text=True)
-    log(f"#   exit {done.returncode} after {time.time() - start:.1f} s; load average {os.getloadavg()[0]:.2f}")
-    if done.returncode != 0:
-        log(done.stdout[-2000:] + done.stderr[-2000:])
-        raise SystemExit(f"codec timing at {rate} failed")
+    run_logged(cmd, f"codec timing at {rate}", log)
     return target
 
 

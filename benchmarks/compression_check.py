@@ -26,8 +26,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from train_record import train   # benchmarks/train_record.py (the scripts run from benchmarks/)
 
 REPO = Path(__file__).resolve().parent.parent
 ACCURACY = ["--nproc", "2", "--strategy", "ddp", "--model", "simple-cnn", "--data", "digits", "--batch-size", "32",
@@ -36,17 +37,6 @@ METHODS = ["none", "fp16", "bf16", "powersgd:4", "topk:0.1"]
 SPEED = ["--strategy", "ddp", "--model", "resnet18", "--data", "synthetic:cifar10", "--batch-size", "4", "--quiet",
          "--profile"]
 SPEED_RUNS = {"none": (8, 3), "powersgd:4": (18, 12)}     # method -> (--steps, --profile-warmup-steps)
-
-
-def train(command: list[str], timeout_s: float) -> tuple[dict, float]:
-    """Run one command that writes a record to its --out; (the record, wall seconds)."""
-    out = command[command.index("--out") + 1]
-    start = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    wall = time.monotonic() - start
-    if done.returncode != 0:
-        raise SystemExit(f"failed ({done.returncode}): {shlex.join(command)}\n{done.stderr[-3000:]}")
-    return json.loads(Path(out).read_text()), wall
 
 
 def accuracy(args) -> dict:

@@ -28,8 +28,9 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from train_record import train   # benchmarks/train_record.py (the scripts run from benchmarks/)
 
 REPO = Path(__file__).resolve().parent.parent
 MNIST = "/work/shared/data/mnist"
@@ -42,17 +43,6 @@ METHODS = {
     "adaptive": ["--strategy", "local-sgd", "--outer-optimizer", "nesterov", "--sync-every", "4",
                  "--adaptive-interval"],
 }
-
-
-def train(command: list[str], timeout_s: float) -> tuple[dict, float]:
-    """Run one command that writes a record to its --out; (the record, wall seconds)."""
-    out = command[command.index("--out") + 1]
-    start = time.monotonic()
-    done = subprocess.run(command, capture_output=True, text=True, timeout=timeout_s)
-    wall = time.monotonic() - start
-    if done.returncode != 0:
-        raise SystemExit(f"failed ({done.returncode}): {shlex.join(command)}\n{done.stderr[-3000:]}")
-    return json.loads(Path(out).read_text()), wall
 
 
 def row(method: str, seed: int, record: dict, wall: float, command: list[str]) -> dict:

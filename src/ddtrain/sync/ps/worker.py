@@ -46,7 +46,7 @@ class WorkerLink:
         """Each parameter's in-place version counter: bumped by load_state_dict or a hand edit, not by us after install."""
         return [[p._version for p in shard] for shard in self.plan.shards]
 
-    def exchange(self, kind: int, what: str, aux: int = 0) -> None:
+    def exchange(self, kind: int, what: str, aux: int = 0, on_state=None) -> None:
         """Send ``kind`` to every server, wait for each answer, and install the parameters it brings."""
         plan = self.plan
         if kind in (GRAD, HELLO):
@@ -69,7 +69,13 @@ class WorkerLink:
                 self._wait(pending[s], server, what)
                 answer, version = self.pull[s].read_header()
                 if answer == STATE and kind == STATE:
-                    continue            # the state's bytes follow (``state``)
+                    # this server's bytes follow: take them now, before waiting for the next server's
+                    # header. Servers send their chunks one worker at a time and block until that worker
+                    # receives; a worker that first waited for every header could wait on server B while
+                    # server A waits on it, with another worker the other way round (a deadlock seen
+                    # about 1 run in 4 with 2 workers and 2 servers at finish).
+                    on_state(s, server)
+                    continue
                 if answer not in (PARAMS, FINAL):
                     raise DDTrainError(f"{plan.name}: parameter server rank {server} answered "
                                        f"{KIND_NAMES.get(answer, answer)} to {what}; expected PARAMS")
@@ -105,10 +111,10 @@ class WorkerLink:
     def state(self) -> dict:
         """The optimizer state the servers hold, keyed as ``optimizer.state_dict()["state"]`` keys it."""
         self.push_changed_parameters()
-        self.exchange(STATE, "optimizer state")
         merged = {}
         comm = self.plan.comm(self.plan.timeout_s + WORKER_MARGIN_S, suffix=SUFFIX[STATE])
-        for s, server in enumerate(self.plan.servers):
+
+        def receive(s: int, server: int) -> None:   # server s's bytes, right after its header (``exchange``)
             message = self.pull[s]
             nbytes, room = message.aux(), message.payload_bytes.numel()
             data = torch.empty(nbytes, dtype=torch.uint8)
@@ -119,6 +125,8 @@ class WorkerLink:
                 part = data[c * room:(c + 1) * room]
                 part.copy_(message.payload_bytes[:part.numel()])
             merged.update(from_bytes(data))
+
+        self.exchange(STATE, "optimizer state", on_state=receive)
         return dict(sorted(merged.items()))
 
     def load_state(self, state: dict) -> None:

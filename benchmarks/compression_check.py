@@ -20,15 +20,13 @@ Each run's record (the ``ddtrain train --out`` file) is kept whole in the output
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from train_record import train   # benchmarks/train_record.py (the scripts run from benchmarks/)
+from train_record import train, write_result   # benchmarks/train_record.py (the scripts run from benchmarks/)
 
 REPO = Path(__file__).resolve().parent.parent
 ACCURACY = ["--nproc", "2", "--strategy", "ddp", "--model", "simple-cnn", "--data", "digits", "--batch-size", "32",
@@ -103,11 +101,7 @@ def main() -> int:
     spd.add_argument("--out", default=str(REPO / "results/compression/speed_100mbit.json"))
     args = parser.parse_args()
     result = accuracy(args) if args.what == "accuracy" else speed(args)
-    result["machine"] = subprocess.run(["uname", "-srm"], capture_output=True, text=True).stdout.strip()
-    result["cpus"] = len(__import__("os").sched_getaffinity(0))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"# wrote {args.out}")
+    write_result(result, args.out)
     return 0
 
 

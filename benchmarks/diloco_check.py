@@ -21,16 +21,14 @@ on the link); ``cluster`` runs the same commands under ``ddtrain cluster run --n
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shlex
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from train_record import train   # benchmarks/train_record.py (the scripts run from benchmarks/)
+from train_record import train, write_result   # benchmarks/train_record.py (the scripts run from benchmarks/)
 
 REPO = Path(__file__).resolve().parent.parent
 MNIST = "/work/shared/data/mnist"
@@ -124,11 +122,7 @@ def main() -> int:
                                                     else "results/diloco/cluster_100mbit.json")))
     args = parser.parse_args()
     result = run(args, cluster=args.where == "cluster")
-    result["machine"] = subprocess.run(["uname", "-srm"], capture_output=True, text=True).stdout.strip()
-    result["cpus"] = len(os.sched_getaffinity(0))
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(f"# wrote {args.out}")
+    write_result(result, args.out)
     return 0
 
 

@@ -17,3 +17,13 @@ def train(command: list[str], timeout_s: float) -> tuple[dict, float]:
     if done.returncode != 0:
         raise SystemExit(f"failed ({done.returncode}): {shlex.join(command)}\n{done.stderr[-3000:]}")
     return json.loads(Path(out).read_text()), wall
+
+
+def write_result(result: dict, out: str) -> None:
+    """Write a benchmark's result as JSON to ``out`` with the machine it ran on (uname, CPUs this process may use)."""
+    import os
+    result["machine"] = subprocess.run(["uname", "-srm"], capture_output=True, text=True).stdout.strip()
+    result["cpus"] = len(os.sched_getaffinity(0))
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    Path(out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"# wrote {out}")

@@ -153,7 +153,7 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
     # the compressors' own work, timed on the 4 nodes at once (the sharing the real runs have): neither the
     # time alone scaled by R/C = 2 nor by the compute's ratio matched both earlier runs (docs/ADVISE.md)
     codec_file = measure_codecs_in_cluster(out, rate, a, log)
-    log(f"# codec in the cluster: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in
+    log("# codec in the cluster: " + ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in
                                                json.loads(codec_file.read_text())["codec_s"].items()))
     # 2. alpha under load: the communication wait of our ring (Python steps) and of Gloo's own (DDP) at two sizes
     bucket = TokenBucket(burst_bytes=emulated_burst_bytes(bps), beta_s_per_byte=link_beta(bps))
@@ -211,7 +211,7 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
     chosen = advise.top_distinct(predictions, 3)
     baseline = next(p for p in predictions if p.method.strategy == "ddp" and p.method.compression == "none")
     rows = []
-    for role, p in [*(("top%d" % (i + 1), p) for i, p in enumerate(chosen)), ("baseline", baseline)]:
+    for role, p in [*((f"top{i + 1}", p) for i, p in enumerate(chosen)), ("baseline", baseline)]:
         if role == "baseline" and any(r["label"] == p.method.label for r in rows):
             rows.append(dict(next(r for r in rows if r["label"] == p.method.label), role="baseline"))
             continue
@@ -421,7 +421,8 @@ def overlap_table(results: list[dict]) -> str:
 
 def table(results: list[dict]) -> str:
     out = ["# predicted vs measured step time, 4 emulated nodes (one rank each, all on this 2-core host)",
-           "# measured: slowest rank's median step after the warm-up (mean for local-sgd); error = (predicted - measured) / measured",
+           "# measured: slowest rank's median step after the warm-up (mean for local-sgd); error = (predicted - "
+               "measured) / measured",
            "# new = costmodel.advise (alpha under load, token bucket, CPU factor); old = plain alpha-beta "
            f"(alpha {1e6 * OLD_ALPHA_S:.1f} us from {OLD_ALPHA_SOURCE}), no bucket, no CPU factor",
            "#",

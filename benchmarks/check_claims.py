@@ -157,7 +157,7 @@ def main(argv=None) -> int:
         for start, end, chain in sections(lines):
             context = "\n".join(lines[i] for _, i in chain[:-1]) + "\n" + "\n".join(lines[start:end])
             # a parent section's own text (up to its first subsection) also names files for its children
-            for level, i in chain[:-1]:
+            for _level, i in chain[:-1]:
                 j = i + 1
                 while j < len(lines) and not re.match(r"#{1,4} ", lines[j]):
                     j += 1

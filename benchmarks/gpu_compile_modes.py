@@ -35,6 +35,7 @@ def run(variant, data, warmup, steps, device, fused):
     xs = [data.x[i * batch:(i + 1) * batch] for i in range(pool)]
     ys = [data.y[i * batch:(i + 1) * batch] for i in range(pool)]
     first = None
+    t0 = time.perf_counter()
     for i in range(warmup + steps):
         if i == 1:
             sync(device)
@@ -42,8 +43,6 @@ def run(variant, data, warmup, steps, device, fused):
         if i == warmup:
             sync(device)
             start = time.perf_counter()
-        if i == 0:
-            t0 = time.perf_counter()
         with torch.autocast("cuda", dtype=torch.bfloat16):
             out = step_model(xs[i % pool])
             loss = F.cross_entropy(out.float(), ys[i % pool])

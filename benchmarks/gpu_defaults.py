@@ -35,7 +35,7 @@ import torch
 import ddtrain
 from ddtrain import TrainConfig, fit
 from ddtrain.data import Data
-from gpu_single import StepTimer, batches_that_fit, fresh_model, make_data, sync, time_plain
+from gpu_single import StepTimer, batches_that_fit, fresh_model, make_data, time_plain
 
 CASE = ("resnet50 bf16 cl compile", "resnet50", (3, 224, 224), 1000, 256, "bf16", True, True)
 VARIANTS = {  # cudnn.benchmark, optimizer (for-each, fused, or None: the one fit builds), compile options

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,7 +46,8 @@ class Mutation:
     audit: str = "caught"         # what issue 21's audit saw: "caught" or "survived"
 
 
-SYNC_EQ = "tests/sync/test_sync_equivalence.py::test_every_synchronous_strategy_takes_the_steps_of_a_plain_loop_with_the_global_batch"
+SYNC_EQ = ("tests/sync/test_sync_equivalence.py::"
+           "test_every_synchronous_strategy_takes_the_steps_of_a_plain_loop_with_the_global_batch")
 ALLREDUCE = "tests/comm/test_comm_allreduce.py::test_every_algorithm_matches_torch_and_is_bitwise_identical_across_ranks"
 RESUME = "tests/reliability/test_checkpoint.py::test_resume_mid_epoch_is_step_for_step_identical"
 STALL = "tests/reliability/test_stall_ranks.py::test_the_skipping_and_the_frozen_rank_are_named_and_their_waiting_peers_are_not"

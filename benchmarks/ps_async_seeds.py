@@ -6,7 +6,8 @@
 
 MLP on the bundled 8x8 digits, 2 workers + 1 server (``ddtrain train --nproc 3``), lr 0.1,
 batch 32, 4 epochs, momentum 0.9, staleness 4; by default ps-sync, ps-async with its default
-rule and with ``--async-rule plain``; ``--variants`` picks others (each ``--async-rule``, VARIANTS). Each run's final validation accuracy and ps-async's realised staleness histogram
+rule and with ``--async-rule plain``; ``--variants`` picks others (each ``--async-rule``, VARIANTS). Each run's final
+validation accuracy and ps-async's realised staleness histogram
 go into one JSON file; a table goes to stdout.
 """
 from __future__ import annotations

@@ -45,9 +45,9 @@ def main() -> None:
             config = TrainConfig(model="mlp", data=data.name, strategy=strategy, epochs=args.epochs,
                                  batch_size=32, lr=0.05, momentum=0.9, seed=seed, quiet=True)
             table[strategy].append(fit(model, data, config)["final"]["val_accuracy"])
-    if ddtrain.dist.runtime.rank() == 0:
+    if ddtrain.distributed.runtime.rank() == 0:
         reference = statistics.mean(table[strategies[0]])
-        print(f"# mlp on MNIST t10k, {ddtrain.dist.runtime.world_size()} ranks, {args.epochs} epochs; "
+        print(f"# mlp on MNIST t10k, {ddtrain.distributed.runtime.world_size()} ranks, {args.epochs} epochs; "
               f"validation accuracy (%) per seed {seeds}")
         print(f"# {'strategy':<11} {'per seed':<24} {'mean':>6} {'vs ' + strategies[0]:>8}")
         for strategy, accuracies in table.items():
@@ -55,7 +55,7 @@ def main() -> None:
             print(f"  {strategy:<11} {' '.join(f'{100 * a:6.2f}' for a in accuracies):<24} "
                   f"{100 * mean:6.2f} {100 * (mean - reference):+8.2f}")
         if args.out:
-            write_json(args.out, {"epochs": args.epochs, "seeds": seeds, "world_size": ddtrain.dist.runtime.world_size(),
+            write_json(args.out, {"epochs": args.epochs, "seeds": seeds, "world_size": ddtrain.distributed.runtime.world_size(),
                                   "val_accuracy": table})
     ddtrain.shutdown()
 

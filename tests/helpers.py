@@ -87,7 +87,7 @@ def why_no_cluster(extra_missing=(), what: str = "emulate a cluster") -> str | N
 # A script run unchanged (examples/minimal.py) whose model rank 0 saves after it ran:
 # ``python wrap.py OUT.pt SCRIPT ARGS...`` under any launcher.
 SAVE_MODEL_WRAPPER = """import runpy, sys, torch
-from ddtrain.dist.env import detect_env
+from ddtrain.distributed.env import detect_env
 out = sys.argv.pop(1)
 sys.argv = sys.argv[1:]
 g = runpy.run_path(sys.argv[0], run_name="__main__")

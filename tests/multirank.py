@@ -103,7 +103,7 @@ class RankError(AssertionError):
         super().__init__("\n".join(f"[rank {r}] {e}" for r, e in sorted(errors.items())))
 
 
-_pools: "OrderedDict[int, Pool]" = OrderedDict()
+_pools: OrderedDict[int, Pool] = OrderedDict()
 
 
 def run_ranks(fn, world_size: int, *args, timeout_s: float = DEFAULT_TIMEOUT_S, **kwargs) -> list:

@@ -24,34 +24,35 @@ ROOT = "ddtrain"
 MAX_TOP_LEVEL_MODULES = 5
 
 # Package-level layering: the rule `cli -> training, bench, report, cluster -> reliability, observe,
-# sync -> comm -> dist -> errors`, with config, costmodel, models and data placed where they belong
+# sync -> comm -> distributed -> errors`, with config, costmodel, models and data placed where they belong
 # and the order inside a tier written out. A package ("ddtrain" is ddtrain/__init__.py, the library
 # facade; "config", "errors", "__main__" are the top-level modules) may import only what its line
 # names. Anything else is a violation; a new package fails until it is given a line here.
 LIBRARIES = {"training", "bench", "report", "cluster", "config", "reliability", "observe", "sync", "comm",
-             "costmodel", "models", "data", "dist", "errors", "version"}
+             "costmodel", "models", "data", "distributed", "errors", "version"}
 ALLOWED: dict[str, tuple[set[str], str]] = {
-    "__main__": ({"cli", "dist"}, "python -m ddtrain runs the command table; a launched rank exits via dist.launch"),
-    "ddtrain": ({"training", "config", "dist", "errors"}, "the facade re-exports init, prepare, fit, TrainConfig"),
+    "__main__": ({"cli", "distributed"}, "python -m ddtrain runs the command table; a launched rank exits via dist.launch"),
+    "ddtrain": ({"training", "config", "distributed", "errors"}, "the facade re-exports init, prepare, fit, TrainConfig"),
     "cli": (LIBRARIES | {"ddtrain"}, "every command is a thin front end over the libraries (and prints __version__)"),
-    "report": ({"bench", "observe", "sync", "costmodel", "config", "dist", "errors"},
+    "report": ({"bench", "observe", "sync", "costmodel", "config", "distributed", "errors"},
                "renders what bench and observe wrote, with a strategy's cost formula beside it"),
     "bench": ({"training", "cluster", "config", "reliability", "observe", "sync", "comm", "costmodel", "models",
-               "data", "dist", "errors"}, "times the real loop and collectives; the emulated link rate scales busbw"),
-    "training": ({"config", "reliability", "observe", "sync", "comm", "costmodel", "models", "data", "dist",
+               "data", "distributed", "errors"}, "times the real loop and collectives; the emulated link rate scales busbw"),
+    "training": ({"config", "reliability", "observe", "sync", "comm", "costmodel", "models", "data", "distributed",
                   "errors"}, "the loop composes the strategy, the reliability components, the monitors, the model and the data"),
-    "cluster": ({"dist", "errors"}, "emulated nodes launch ranks like real ones; nothing here knows about training"),
-    "config": ({"reliability", "observe", "sync", "dist", "errors"}, "TrainConfig gathers the sections these own"),
-    "sync": ({"reliability", "observe", "comm", "costmodel", "dist", "errors"},
+    "cluster": ({"distributed", "errors"}, "emulated nodes launch ranks like real ones; nothing here knows about training"),
+    "config": ({"reliability", "observe", "sync", "distributed", "errors"}, "TrainConfig gathers the sections these own"),
+    "sync": ({"reliability", "observe", "comm", "costmodel", "distributed", "errors"},
              "strategies over the collectives; the parameter servers call fault-injection points"),
-    "reliability": ({"observe", "comm", "dist", "errors"},
+    "reliability": ({"observe", "comm", "distributed", "errors"},
                     "checks replicas over comm, writes its records through observe.files"),
-    "observe": ({"comm", "dist", "errors"}, "traffic counters come from comm; files are written by rank 0"),
-    "comm": ({"dist", "errors"}, "collectives over point-to-point of the process group; nothing about training"),
-    "costmodel": ({"comm", "dist", "errors"}, "000 Table 5.1, and predictions from the cost formula each comm algorithm owns"),
+    "observe": ({"comm", "distributed", "errors"}, "traffic counters come from comm; files are written by rank 0"),
+    "comm": ({"distributed", "errors"}, "collectives over point-to-point of the process group; nothing about training"),
+    "costmodel": ({"comm", "distributed", "errors"}, "000 Table 5.1, and predictions from the cost formula each "
+                  "comm algorithm owns"),
     "models": ({"errors"}, "one module per family; nothing about distribution"),
     "data": ({"errors"}, "one module per format; sharding is arithmetic on indices, not on process groups"),
-    "dist": ({"errors"}, "launcher environment and runtime: the bottom of the stack above errors"),
+    "distributed": ({"errors"}, "launcher environment and runtime: the bottom of the stack above errors"),
     "errors": (set(), "the exception types; imports nothing of ddtrain"),
     "version": (set(), "the version string, named by records and checkpoints; imports nothing"),
 }

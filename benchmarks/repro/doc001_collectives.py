@@ -203,9 +203,9 @@ def markdown(s: dict) -> str:
                                                    f"{run['calibration_text']})", ""]
         rows = []
         for size in run["sizes"]:
+            busbw = run["ring_busbw_of_link"].get(str(size), float("nan"))
             rows.append([_size(size)] + [f"{1e6 * run['times_s'][a][str(size)]:.0f}" if str(size) in run["times_s"][a]
-                                         else "" for a in algos] + [run["fastest"][str(size)],
-                                                                    f"{run['ring_busbw_of_link'].get(str(size), float('nan')):.3f}"])
+                                         else "" for a in algos] + [run["fastest"][str(size)], f"{busbw:.3f}"])
         lines.append(markdown_table(["size"] + [f"{a} (us)" for a in algos] + ["fastest", "ring busbw/link"], rows))
         lines += ["", "Crossover (smallest size from which ring is at least as fast at every larger size):", ""]
         head = ["", "alpha (us)", "beta (ns/B)", "beta as a share of the link"] + [f"ring vs {r}" for r in RIVALS]

@@ -57,7 +57,7 @@ def main(argv=None) -> int:
     p.add_argument("--patterns", default="pair,ring")
     p.add_argument("--json", default=None, help="also write the rows as JSON (rank 0)")
     args = p.parse_args(argv)
-    from ddtrain.dist import runtime
+    from ddtrain.distributed import runtime
     from ddtrain.cluster import link_rate_bps
 
     runtime.init(backend="gloo")

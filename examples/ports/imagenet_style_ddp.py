@@ -16,7 +16,7 @@ from torch.utils.data import DataLoader, Subset
 from torch.utils.data.distributed import DistributedSampler
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Net, digits, parser  # noqa: E402
+from common import Net, digits, parser
 
 
 class AverageMeter:

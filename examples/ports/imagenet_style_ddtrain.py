@@ -1,7 +1,9 @@
-"""pytorch/examples ``imagenet/main.py`` (``--resume``, best-accuracy checkpoints, metrics averaged across ranks), ported to ddtrain.
+"""pytorch/examples ``imagenet/main.py`` (``--resume``, best-accuracy checkpoints, metrics averaged across ranks),
+ported to ddtrain.
 
     python examples/ports/imagenet_style_ddtrain.py --checkpoint /tmp/ckpt.pt
-    torchrun --nproc-per-node 2 examples/ports/imagenet_style_ddtrain.py --checkpoint /tmp/ckpt.pt --resume /tmp/ckpt.pt --epochs 4
+    torchrun --nproc-per-node 2 examples/ports/imagenet_style_ddtrain.py --checkpoint /tmp/ckpt.pt --resume
+    /tmp/ckpt.pt --epochs 4
 """
 import os
 import shutil
@@ -15,7 +17,7 @@ from torch.utils.data import DataLoader
 import ddtrain
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Net, digits, parser  # noqa: E402
+from common import Net, digits, parser
 
 
 class AverageMeter:

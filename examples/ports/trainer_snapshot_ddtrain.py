@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader
 import ddtrain
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from common import Net, digits, parser  # noqa: E402
+from common import Net, digits, parser
 
 
 class Trainer:

@@ -23,12 +23,11 @@ _PUBLIC = {
     "unwrap": "ddtrain.training.prepare",
     "all_reduce_metric": "ddtrain.training.metrics",
     "gather_for_metrics": "ddtrain.training.metrics",
-    **{name: "ddtrain.dist.runtime" for name in ("backend", "device", "is_distributed", "is_server",
-                                                 "local_rank", "local_world_size", "print0", "rank", "shutdown",
-                                                 "total_ranks", "worker_group", "world_size")},
+    **dict.fromkeys(("backend", "device", "is_distributed", "is_server", "local_rank", "local_world_size", "print0",
+                     "rank", "shutdown", "total_ranks", "worker_group", "world_size"), "ddtrain.distributed.runtime"),
 }
 
-__all__ = [*_PUBLIC, "__version__"]
+__all__ = [*_PUBLIC, "__version__"]  # noqa: PLE0604 (the keys of _PUBLIC are strings)
 
 
 def __getattr__(name: str):

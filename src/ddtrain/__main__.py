@@ -2,7 +2,7 @@ import os
 import sys
 
 from ddtrain.cli import main
-from ddtrain.dist.launch import inside_launcher
+from ddtrain.distributed.launch import inside_launcher
 
 code = main()
 if inside_launcher():

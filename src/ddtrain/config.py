@@ -14,9 +14,9 @@ import math
 import types
 import typing
 from dataclasses import asdict, dataclass, field, fields
-from typing import Literal, Optional
+from typing import Literal
 
-from ddtrain.dist.config import DistConfig
+from ddtrain.distributed.config import DistConfig
 from ddtrain.errors import ConfigError, DDTrainError
 from ddtrain.observe.config import ProfileConfig
 from ddtrain.observe.tracking import TrackingConfig
@@ -39,7 +39,7 @@ class TrainConfig:
     data: str = "digits"                   # data spec: digits, mnist:DIR, npz:FILE, ... (see ddtrain.data)
     data_args: dict = field(default_factory=dict)    # data loader option, e.g. resize=128
     strategy: str = "ddp"                  # synchronisation strategy (see ddtrain.sync.STRATEGIES)
-    epochs: Optional[int] = None           # passes over the training data (default 1, or as many as --steps needs)
+    epochs: int | None = None           # passes over the training data (default 1, or as many as --steps needs)
     steps: int = 0                         # stop after this many steps in all (0: no limit)
     batch_size: int = 64                   # samples per micro-batch on each rank (set by --global-batch-size when given)
     global_batch_size: int = 0             # samples per optimizer update over all workers; per-rank batch = this / (workers x grad_accum) (0: batch_size x workers x grad_accum)
@@ -70,8 +70,8 @@ class TrainConfig:
     compile_options: Literal["auto", "tuned", "tuned-graphs", "default"] = "auto"   # with --compile on CUDA: tuned adds inductor's kernel tuning, tuned-graphs also CUDA graphs, auto picks tuned-graphs in one process and tuned otherwise, default is torch.compile's own (docs/PERFORMANCE.md)
     log_every: int = 0                     # print a line every N steps (0: per epoch)
     quiet: bool = False                    # no epoch lines or progress bar (errors only)
-    out: Optional[str] = None              # write the results record (JSON) here
-    save: Optional[str] = None             # save the final model (.pt state dict or .safetensors)
+    out: str | None = None              # write the results record (JSON) here
+    save: str | None = None             # save the final model (.pt state dict or .safetensors)
     sync: SyncOptions = field(default_factory=SyncOptions)
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
@@ -139,7 +139,7 @@ class TrainConfig:
         return out
 
     @classmethod
-    def from_flat(cls, **values) -> "TrainConfig":
+    def from_flat(cls, **values) -> TrainConfig:
         """Build from one flat mapping of field names (the flags' names, a config file's keys):
         ``TrainConfig.from_flat(strategy="ps-sync", servers=2, checkpoint_dir=None)``."""
         sections = {name: {} for name in SECTIONS}
@@ -165,7 +165,7 @@ class TrainConfig:
         return cls(**top, **built)
 
     @classmethod
-    def from_dict(cls, data: dict) -> "TrainConfig":
+    def from_dict(cls, data: dict) -> TrainConfig:
         """The inverse of ``as_dict`` (a results record's ``config``)."""
         return cls.from_flat(**data)
 
@@ -206,7 +206,7 @@ def field_kind(tp) -> tuple[object, str]:
     args = typing.get_args(tp)
     if typing.get_origin(tp) in _UNIONS and type(None) in args:
         rest = [a for a in args if a is not type(None)]
-        tp = rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]
+        tp = rest[0] if len(rest) == 1 else typing.Union[tuple(rest)]  # noqa: UP007 (a Union built at run time)
     origin = typing.get_origin(tp)
     if origin is typing.Literal:
         return tp, "choice"
@@ -341,7 +341,7 @@ def _line_of(text: str, key: str) -> int:
     return 0
 
 
-def value_problem(tp, value) -> Optional[str]:
+def value_problem(tp, value) -> str | None:
     """What is wrong with ``value`` for a field annotated ``tp`` (None when it fits)."""
     bare, kind = field_kind(tp)
     optional = typing.get_origin(tp) in _UNIONS and type(None) in typing.get_args(tp)
@@ -369,7 +369,7 @@ def value_problem(tp, value) -> Optional[str]:
     return None
 
 
-def read_record_config(path: str) -> tuple[dict, Optional[int]]:
+def read_record_config(path: str) -> tuple[dict, int | None]:
     """(``{field: value}`` of a results record's resolved configuration, the run's world size) for a replay.
 
     Outputs (``OUTPUTS``) are left out, so that a replay never overwrites the run it replays.

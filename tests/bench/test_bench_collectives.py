@@ -103,7 +103,8 @@ def test_cli_end_to_end_on_two_ranks(tmp_path):
     env = dict(os.environ, DDTRAIN_TIMEOUT_S="60")
     out = subprocess.run([sys.executable, "-m", "ddtrain", "bench", "collectives", "--nproc", "2",
                           "--algorithms", "native,ring,butterfly", "--sizes", "64:1K", "--iters", "3",
-                          "--warmup", "1", "--budget-s", "0.05", "--calibration-s", "0.5", "--json", str(json_path), "--plot", str(plot_path)],
+                          "--warmup", "1", "--budget-s", "0.05", "--calibration-s", "0.5", "--json", str(json_path),
+                          "--plot", str(plot_path)],
                          capture_output=True, text=True, timeout=120, env=env)
     assert out.returncode == 0, out.stderr
     result = json.loads(json_path.read_text())

@@ -31,7 +31,7 @@ def test_help_lists_the_commands(capsys):
 def test_bad_input_gets_one_clear_message(args, phrases, capsys, monkeypatch):
     """Refused in the launching process, before any worker starts (in-process: no spawn cost)."""
     from ddtrain import cli
-    from ddtrain.dist import launch
+    from ddtrain.distributed import launch
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.setattr(launch, "run_local", lambda *a, **k: pytest.fail("workers were started"))
     code = cli.main(["train", *args])
@@ -73,7 +73,8 @@ def test_a_failing_worker_ends_the_job_with_its_error_once():
                      env={"DDTRAIN_FAULT": "rank=1,step=2,kind=raise", "DDTRAIN_TIMEOUT_S": "60"})
     assert result.returncode != 0
     assert result.stderr.count("rank 1 deliberately failed") == 1, result.stderr
-    assert "[rank 1] ddtrain: error: InjectedFault" in result.stderr and "rank 1's full output: " in result.stderr  # one line, its log named (issue 22)
+    # one line, its log named (issue 22)
+    assert "[rank 1] ddtrain: error: InjectedFault" in result.stderr and "rank 1's full output: " in result.stderr
     assert "Traceback" not in result.stderr, result.stderr
 
 

@@ -1,4 +1,5 @@
-"""Config files and replays: ``--config run.toml`` / ``.yaml`` (flags override it), ``--config-from RESULTS.json`` (acceptance 4)."""
+"""Config files and replays: ``--config run.toml`` / ``.yaml`` (flags override it), ``--config-from RESULTS.json``
+(acceptance 4)."""
 import argparse
 import json
 import textwrap

@@ -128,7 +128,7 @@ def test_model_comm_prints_table_5_1_by_default():
     assert code == 0
     data = [line.split() for line in text.splitlines() if not line.startswith("#")]
     assert data == DOC_ROWS
-    assert all(line.startswith("#") or line.startswith("  ") for line in text.splitlines())
+    assert all(line.startswith(("#", "  ")) for line in text.splitlines())
 
 
 def test_model_comm_json_for_any_grid():

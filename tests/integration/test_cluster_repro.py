@@ -16,9 +16,9 @@ from multirank import run_ranks
 
 sys.path.insert(0, str(REPO / "benchmarks" / "repro"))
 
-import analysis  # noqa: E402
-from ddtrain.costmodel import LinkParams, predict_time  # noqa: E402
-from ddtrain.costmodel.calibration import fit_line  # noqa: E402
+import analysis
+from ddtrain.costmodel import LinkParams, predict_time
+from ddtrain.costmodel.calibration import fit_line
 
 
 # ---------------------------------------------------------------- crossovers and fits
@@ -50,8 +50,8 @@ def test_crossover_is_where_ring_stops_losing_for_good():
     noisy = dict(faster)
     noisy[1 << 22] = slower[1 << 22] * 1.01                      # a loss at a large size moves it up
     assert analysis.crossover(sizes, noisy, slower) == 1 << 23
-    assert analysis.crossover(sizes, {s: 1.0 for s in sizes}, slower) is None
-    assert analysis.crossover(sizes, {s: 0.0 for s in sizes}, slower) == sizes[0]
+    assert analysis.crossover(sizes, dict.fromkeys(sizes, 1.0), slower) is None
+    assert analysis.crossover(sizes, dict.fromkeys(sizes, 0.0), slower) == sizes[0]
 
 
 def test_fit_on_large_messages_recovers_the_link_behind_a_token_bucket():

@@ -46,7 +46,7 @@ def _nccl_worker(rank, world, port, results):
 def test_our_algorithms_on_cuda_tensors_through_nccl():
     import torch.multiprocessing as mp
 
-    from ddtrain.dist.launch import free_port
+    from ddtrain.distributed.launch import free_port
     world = min(2, torch.cuda.device_count())
     results = mp.Manager().dict()
     mp.spawn(_nccl_worker, args=(world, free_port(), results), nprocs=world, join=True)

@@ -17,7 +17,7 @@ from ddtrain import cli, comm
 from ddtrain.reliability import checkpoint
 from ddtrain.reliability import faults
 from ddtrain.reliability import consistency
-from ddtrain.dist import launch
+from ddtrain.distributed import launch
 from ddtrain.reliability import stall
 from ddtrain.config import TrainConfig
 from ddtrain.errors import DDTrainError
@@ -113,7 +113,8 @@ def test_a_nonfinite_loss_stops_naming_step_and_rank():
     data, model = load_and_build(config)
     faults._fault = faults._parse("rank=0,step=3,kind=nan")
     try:
-        with pytest.raises(DDTrainError, match=r"^non-finite loss \(nan\) on rank 0 at step 3; lower the learning rate \(lr, --lr\), "
+        with pytest.raises(DDTrainError, match=r"^non-finite loss \(nan\) on rank 0 at step 3; lower the learning "
+                           r"rate \(lr, --lr\), "
                                                  r"check the data, or pass on_nonfinite='skip' \(--on-nonfinite skip\)$"):
             fit(model, data, config)
     finally:
@@ -129,7 +130,8 @@ def dirs(tmp_path):
     config = TrainConfig.from_flat(model="mlp", data="digits", batch_size=64)
     data, model = load_and_build(config, meta=True)
     fits = tmp_path / "fits"
-    checkpoint.write(checkpoint.path_for(fits, 7), {"step": 7, "fingerprint": consistency.fingerprint(config, model, data, 2)}, {})
+    checkpoint.write(checkpoint.path_for(fits, 7),
+                     {"step": 7, "fingerprint": consistency.fingerprint(config, model, data, 2)}, {})
     damaged = tmp_path / "damaged"
     path = checkpoint.write(checkpoint.path_for(damaged, 3), {"step": 3}, {"w": torch.ones(3)})
     path.write_bytes(path.read_bytes()[:-7])

@@ -47,12 +47,14 @@ def test_a_master_port_held_by_another_program_is_named_on_every_rank_within_the
     port = holder.getsockname()[1]
     try:
         ranks = [start_rank(r, 2, port, "--timeout", "60") for r in range(2)]
-        (r0, _), (r1, t1) = finish(ranks[0], 90), finish(ranks[1], 90)
+        (r0, _), (r1, _t1) = finish(ranks[0], 90), finish(ranks[1], 90)
     finally:
         holder.close()
-    assert_one_clear_error(r0, f"[rank 0] ddtrain: error: rank 0 cannot host the rendezvous on 127.0.0.1:{port} (MASTER_ADDR:MASTER_PORT): "
+    assert_one_clear_error(r0, f"[rank 0] ddtrain: error: rank 0 cannot host the rendezvous on 127.0.0.1:{port} "
+                           f"(MASTER_ADDR:MASTER_PORT): "
                                f"the port is in use by another program; set MASTER_PORT to a free port")
-    assert_one_clear_error(r1, f"[rank 1] ddtrain: error: the program listening on 127.0.0.1:{port} (MASTER_ADDR:MASTER_PORT) is not "
+    assert_one_clear_error(r1, f"[rank 1] ddtrain: error: the program listening on 127.0.0.1:{port} "
+                           f"(MASTER_ADDR:MASTER_PORT) is not "
                                f"rank 0's rendezvous store", "MASTER_PORT is held by another program")
     assert "frame #" not in r0.stderr + r1.stderr
 

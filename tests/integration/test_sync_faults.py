@@ -14,7 +14,7 @@ import pytest
 
 from ddtrain import TrainConfig, fit
 from ddtrain.reliability import faults
-from ddtrain.dist import runtime
+from ddtrain.distributed import runtime
 from ddtrain.sync.ps.worker import WORKER_MARGIN_S
 from multirank import RankError, run_ranks
 from helpers import tiny_data as _data, tiny_model as _model

@@ -16,7 +16,7 @@ from ddtrain.models.flops import (REFERENCE_INPUTS, count_flops, format_table,
                                   reference_table)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def meta_model(name, num_classes=1000, in_channels=3, size=224, version=None):
     """The model on the meta device (cached: tests only read these)."""
     options = {} if version is None else {"version": version}

@@ -6,7 +6,7 @@ import os
 
 from ddtrain.bench.scaling import load_warnings
 from ddtrain.cli import demo
-from ddtrain.dist import launch
+from ddtrain.distributed import launch
 
 
 def _fake_runs(rates: dict, monkeypatch):

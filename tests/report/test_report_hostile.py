@@ -38,7 +38,8 @@ def test_without_matplotlib_the_report_has_its_tables_and_says_how_to_get_the_pl
     """Was: exit 2, 'ddtrain report needs matplotlib' and no report, as soon as one plot was due."""
     folder = shutil.copytree(record_folder, tmp_path / "r")
     (folder / "collectives.json").write_text(json.dumps(
-        {"world_size": 2, "backend": "gloo", "device": "cpu", "rows": [{"algorithm": "ring", "bytes": 1024, "time_us": 50.0, "busbw_GBps": 0.02}]}))
+        {"world_size": 2, "backend": "gloo", "device": "cpu", "rows": [{"algorithm": "ring", "bytes": 1024,
+        "time_us": 50.0, "busbw_GBps": 0.02}]}))
     result = report(folder, block_matplotlib=True)
     assert result.returncode == 0, result.stderr
     assert "# 1 plot(s) not drawn: matplotlib is not installed (pip install 'ddtrain[report]', then run ddtrain " \

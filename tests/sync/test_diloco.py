@@ -47,7 +47,7 @@ def epoch_order(epoch: int) -> torch.Tensor:
     return torch.randperm(N_SAMPLES, generator=torch.Generator().manual_seed(SEED + epoch))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def reference(outer_lr, outer_momentum, warmup, every) -> dict:
     """R plain replicas; ``outer_lr`` None: the replicas' plain mean at each averaging."""
     threads = torch.get_num_threads()

@@ -77,7 +77,7 @@ def plain_local_sgd(workers: int, every: int) -> dict:
 def average(replicas) -> None:
     with torch.no_grad():
         for params in zip(*(m.parameters() for m in replicas)):
-            mean = torch.stack([p for p in params]).mean(0)
+            mean = torch.stack(list(params)).mean(0)
             for p in params:
                 p.copy_(mean)
 
@@ -133,7 +133,7 @@ def test_every_synchronous_strategy_takes_the_steps_of_a_plain_loop_with_the_glo
         expected = reference(strategy, workers, momentum, every)
         trained = [per_rank[r][i] for r in range(world)]
         assert [role for _, _, role, _ in trained] == ["worker"] * workers + ["server"] * (world - workers)
-        for rank, (params, steps, role, divergence) in enumerate(trained[:workers]):
+        for rank, (params, steps, _role, divergence) in enumerate(trained[:workers]):
             assert steps == N_SAMPLES // (BATCH * workers), (strategy, rank)
             try:
                 assert_same_parameters(expected, params)

@@ -71,7 +71,7 @@ def test_allreduce_strategies_move_what_the_cost_model_says():
     nbytes = N * FLOAT
     for algorithm in ("ring", "tree", "central"):
         results = run_ranks(one_step, WORLD, algorithm)
-        for rank, (role, stats) in enumerate(results):
+        for rank, (_role, stats) in enumerate(results):
             assert stats["method"] == "counted" and list(stats["by_operation"]) == [algorithm]
             sent, received = stats["bytes_sent"], stats["bytes_received"]
             if algorithm == "ring":

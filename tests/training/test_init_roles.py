@@ -11,7 +11,7 @@ def roles_before_and_after_prepare(strategy):
     import torch
 
     import ddtrain
-    from ddtrain.dist import runtime
+    from ddtrain.distributed import runtime
     ddtrain.init(strategy=strategy)
     before = (ddtrain.world_size(), ddtrain.rank(), runtime.total_ranks())
     if runtime.is_server():

@@ -1,4 +1,5 @@
-"""The recipe's pure parts against torch's own: schedules against torch.optim.lr_scheduler, parameter groups, batch arithmetic, refusals."""
+"""The recipe's pure parts against torch's own: schedules against torch.optim.lr_scheduler, parameter groups, batch
+arithmetic, refusals."""
 import math
 
 import pytest

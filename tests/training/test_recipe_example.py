@@ -1,4 +1,5 @@
-"""The recipe as a user runs it: examples/recipes/cifar_resnet18.toml on 2 workers (a short variant of acceptance 1), and bad input refused before any worker."""
+"""The recipe as a user runs it: examples/recipes/cifar_resnet18.toml on 2 workers (a short variant of acceptance 1),
+and bad input refused before any worker."""
 import json
 import math
 import subprocess

@@ -1,6 +1,6 @@
 """Running one cell of ``ddtrain bench scaling``: a fresh launch, its progress, its deadline.
 
-A cell is a new Python process that calls ``ddtrain.dist.launch.run_local(ranks, ["train", ...])``
+A cell is a new Python process that calls ``ddtrain.distributed.launch.run_local(ranks, ["train", ...])``
 in its own session (so the cell's launcher and ranks can be stopped together). Its output
 goes to ``<cell>.log``; the ``step N - loss`` lines rank 0 prints (``--log-every 1``) drive
 the progress display. A cell that outlives ``--cell-timeout`` gets SIGTERM, then SIGKILL.
@@ -16,7 +16,7 @@ import threading
 import time
 from pathlib import Path
 
-RUNNER = "import sys; from ddtrain.dist.launch import run_local; sys.exit(run_local(int(sys.argv[1]), sys.argv[2:]))"
+RUNNER = "import sys; from ddtrain.distributed.launch import run_local; sys.exit(run_local(int(sys.argv[1]), sys.argv[2:]))"
 STEP_LINE = re.compile(r"^\s*step (\d+) - loss")
 
 
@@ -94,7 +94,7 @@ def loadavg() -> float | None:
         return None
 
 
-def _pump(stream, lines: "queue.Queue") -> None:
+def _pump(stream, lines: queue.Queue) -> None:
     for line in stream:
         lines.put(line)
     lines.put(None)

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ddtrain.bench.tables import fmt, render_table
 from ddtrain.costmodel import LinkParams, bus_bandwidth_factor, predict_time
-from ddtrain.dist import runtime
+from ddtrain.distributed import runtime
 from ddtrain.errors import DDTrainError, choice_error
 
 SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -208,7 +208,7 @@ def pattern(rank, count, dtype, ranks, op, device):
     index = torch.arange(count, dtype=torch.int32 if count < 2**31 - 64 else torch.int64, device=device)
 
     def of(r):
-        return (index + 3 * r) % 9 - 4
+        return (index + 3 * r) % 9 - 4  # noqa: F821 (index is deleted only after the last call)
 
     mine = of(rank).to(dtype)
     acc = of(0)
@@ -216,7 +216,7 @@ def pattern(rank, count, dtype, ranks, op, device):
         other = of(r)
         acc = acc + other if op in ("sum", "avg") else (torch.maximum(acc, other) if op == "max"
                                                         else torch.minimum(acc, other))
-    del index
+    del index  # frees the index tensor early on large counts; `of` is not called after this
     expected = acc.to(dtype)
     if op == "avg":
         expected = expected / ranks

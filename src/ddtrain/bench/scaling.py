@@ -5,7 +5,7 @@
     ddtrain report results/
 
 One fresh launch per cell (strategy x workers x batch size x loader workers x precision): a new
-Python process runs ``ddtrain.dist.launch.run_local`` of ``ddtrain train ... --profile`` (so every
+Python process runs ``ddtrain.distributed.launch.run_local`` of ``ddtrain train ... --profile`` (so every
 cell starts cold, with its own process group and thread settings), writes its results record
 to ``DIR/cells/<cell>.json`` and its output to ``<cell>.log``. ``--warmup-steps`` steps run
 first and are left out of every time. Workers are the ranks that train on data; ``ps-*``
@@ -232,7 +232,8 @@ def network_check(record: dict) -> list[dict]:
 def cell_row(config, cell, run: dict, record_path: Path, root: Path) -> dict:
     """Everything the table, scaling.json and the report need about one cell."""
     from ddtrain.data.loading import steps_per_epoch
-    row = {"cell": cell.name, "setup": cell.setup, "repeat": cell.repeat, "strategy": cell.strategy, "workers": cell.workers, "ranks": cell.ranks,
+    row = {"cell": cell.name, "setup": cell.setup, "repeat": cell.repeat, "strategy": cell.strategy,
+           "workers": cell.workers, "ranks": cell.ranks,
            "batch_size": cell.batch_size, "loader_workers": cell.loader_workers, "amp": cell.amp,
            "ok": False, "exit_code": run["exit_code"], "wall_s": run["wall_s"], "log": _rel(run["log"], root),
            "record": _rel(record_path, root)}
@@ -262,7 +263,8 @@ def cell_row(config, cell, run: dict, record_path: Path, root: Path) -> dict:
                                                                            if r["role"] == "worker"),
                split_s={k: statistics.fmean(r[k] for r in workers) for k in (*PARTS, "other_s")}, per_rank=per_rank,
                split_sum_pct=[r["split_sum_pct"] for r in workers],
-               straggler=profile.get("straggler", {}).get("text"), gradient_bytes=profile.get("gradient_bytes"), train_loss=last.get("train_loss"),
+               straggler=profile.get("straggler", {}).get("text"), gradient_bytes=profile.get("gradient_bytes"),
+               train_loss=last.get("train_loss"),
                comm=record.get("comm"), network=network_check(record),
                trace=_rel(profile["trace"], root) if profile.get("trace") else None)
     return row

@@ -17,18 +17,29 @@ from ddtrain.errors import ConfigError, DDTrainError
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("demo",): ("ddtrain.cli.demo", "train simple-cnn on the bundled digits with 1, 2 and 4 workers and compare"),
     ("train",): ("ddtrain.cli.train", "train a model data-parallel (locally with --nproc, or under torchrun/srun/mpirun)"),
-    ("run",): ("ddtrain.cli.run", "start N local workers running any script through torchrun (the local counterpart of torchrun, no root)"),
-    ("model", "comm"): ("ddtrain.cli.model_comm", "communications per epoch of centralized, decentralized and 000's method (Table 5.1)"),
+    ("run",): ("ddtrain.cli.run", "start N local workers running any script through torchrun (the local "
+               "counterpart of torchrun, no root)"),
+    ("model", "comm"): ("ddtrain.cli.model_comm", "communications per epoch of centralized, decentralized and "
+                        "000's method (Table 5.1)"),
     ("model", "flops"): ("ddtrain.cli.model_flops", "parameters and counted forward FLOPs per sample of the model zoo"),
-    ("bench", "collectives"): ("ddtrain.cli.bench_collectives", "time every all-reduce algorithm over a range of sizes against the alpha-beta model (nccl-tests style)"),
-    ("bench", "scaling"): ("ddtrain.cli.bench_scaling", "throughput, speed-up and step split of strategies x workers (x batch, loader, amp), one launch per cell"),
-    ("report",): ("ddtrain.cli.report", "turn a results folder (train or bench) into report.md and a self-contained report.html with plots"),
-    ("cluster", "run"): ("ddtrain.cli.cluster_run", "run a ddtrain command on N emulated nodes (network namespaces) joined by rate-limited links"),
-    ("cluster", "probe"): ("ddtrain.cli.cluster_probe", "point-to-point rate between the ranks of an emulated cluster (inside cluster run)"),
-    ("doctor",): ("ddtrain.cli.doctor", "compare versions, GPUs, interfaces and data across the ranks of a job and probe every link"),
-    ("advise",): ("ddtrain.cli.advise", "predict the step time and bytes of every strategy x compression x algorithm on a link, rank them, pick one"),
-    ("checkpoint", "info"): ("ddtrain.cli.checkpoint_info", "a checkpoint's step, configuration, size, the worker counts it resumes on, and its integrity"),
-    ("cluster", "clean"): ("ddtrain.cli.cluster_clean", "remove emulated-cluster namespaces left behind by crashed or --keep runs"),
+    ("bench", "collectives"): ("ddtrain.cli.bench_collectives", "time every all-reduce algorithm over a range of "
+                               "sizes against the alpha-beta model (nccl-tests style)"),
+    ("bench", "scaling"): ("ddtrain.cli.bench_scaling", "throughput, speed-up and step split of strategies x "
+                           "workers (x batch, loader, amp), one launch per cell"),
+    ("report",): ("ddtrain.cli.report", "turn a results folder (train or bench) into report.md and a "
+                  "self-contained report.html with plots"),
+    ("cluster", "run"): ("ddtrain.cli.cluster_run", "run a ddtrain command on N emulated nodes (network "
+                         "namespaces) joined by rate-limited links"),
+    ("cluster", "probe"): ("ddtrain.cli.cluster_probe", "point-to-point rate between the ranks of an emulated "
+                           "cluster (inside cluster run)"),
+    ("doctor",): ("ddtrain.cli.doctor", "compare versions, GPUs, interfaces and data across the ranks of a job and "
+                  "probe every link"),
+    ("advise",): ("ddtrain.cli.advise", "predict the step time and bytes of every strategy x compression x "
+                  "algorithm on a link, rank them, pick one"),
+    ("checkpoint", "info"): ("ddtrain.cli.checkpoint_info", "a checkpoint's step, configuration, size, the worker "
+                             "counts it resumes on, and its integrity"),
+    ("cluster", "clean"): ("ddtrain.cli.cluster_clean", "remove emulated-cluster namespaces left behind by crashed "
+                           "or --keep runs"),
 }
 
 
@@ -57,26 +68,12 @@ def _on_sigterm(_signum, _frame):
 
 def check_environment() -> None:
     """The environment variables ddtrain reads, checked before any command runs (DDTrainError, one line)."""
-    from ddtrain.dist.config import default_timeout_s
+    from ddtrain.distributed.config import default_timeout_s
     from ddtrain.reliability.faults import from_env
     default_timeout_s()
     from_env()
-    for name, low, high in (("MASTER_PORT", 1, 65535), ("RANK", 0, None), ("WORLD_SIZE", 1, None),
-                            ("LOCAL_RANK", 0, None), ("LOCAL_WORLD_SIZE", 1, None)):
-        raw = os.environ.get(name, "")
-        if raw == "":
-            continue
-        try:
-            value = int(raw)
-        except ValueError:
-            raise DDTrainError(f"environment variable {name}={raw!r} is not an integer") from None
-        if value < low or (high is not None and value > high):
-            bounds = f"from {low} to {high}" if high is not None else f">= {low}"
-            raise DDTrainError(f"environment variable {name}={raw!r} must be {bounds}")
-    if os.environ.get("RANK", "") != "" and os.environ.get("WORLD_SIZE", "") != "" \
-            and int(os.environ["RANK"]) >= int(os.environ["WORLD_SIZE"]):
-        raise DDTrainError(f"environment variables RANK={os.environ['RANK']} and WORLD_SIZE="
-                           f"{os.environ['WORLD_SIZE']}: the rank must be below the world size")
+    from ddtrain.distributed.env import check_variables
+    check_variables()
     logs = os.environ.get("DDTRAIN_LOG_DIR", "")
     if logs and not os.path.isdir(logs):
         raise DDTrainError(f"environment variable DDTRAIN_LOG_DIR={logs!r} is not a directory")
@@ -90,7 +87,7 @@ def _drop_stale_launch_variables(rest: list[str]) -> None:
     own = rest[:rest.index("--")] if "--" in rest else rest
     if not any(a == "--nproc" or a.startswith("--nproc=") for a in own):
         return
-    from ddtrain.dist.launch import stale_launch_variables
+    from ddtrain.distributed.launch import stale_launch_variables
     stale = stale_launch_variables()
     if stale:
         shown = " ".join(f"{name}={os.environ[name]}" for name in stale)
@@ -122,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module_name, help_ = COMMANDS[words]
     _drop_stale_launch_variables(rest)
-    from ddtrain.dist.launch import LAUNCHER_PID_ENV, die_with_launcher, inside_launcher
+    from ddtrain.distributed.launch import LAUNCHER_PID_ENV, die_with_launcher, inside_launcher
     worker = inside_launcher() and LAUNCHER_PID_ENV in os.environ  # a rank that run_local started
     if worker:
         die_with_launcher()
@@ -166,11 +163,11 @@ def _run(module_name: str, words, help_: str, rest: list[str]) -> int:
         return int(module.main(args) or 0)
     except ConfigError as exc:  # the library names the field; the command line names the flag
         from ddtrain.cli.args import describe
-        from ddtrain.dist.runtime import eprint
+        from ddtrain.distributed.runtime import eprint
         eprint(f"ddtrain: error: {describe(exc)}")
         return 2
     except DDTrainError as exc:
-        from ddtrain.dist.runtime import eprint
+        from ddtrain.distributed.runtime import eprint
         eprint(f"ddtrain: error: {exc}")
         return 2
     except Exception as exc:  # a bug or a failed peer: one line per rank, the traceback on request
@@ -185,7 +182,7 @@ def _report_unexpected(exc: Exception) -> int:
     """One line for this rank. A rank that merely lost a failed peer says so without claiming the error."""
     import os
     import traceback
-    from ddtrain.dist.runtime import eprint
+    from ddtrain.distributed.runtime import eprint
     debug = bool(os.environ.get("DDTRAIN_DEBUG"))
     if debug:
         traceback.print_exc()
@@ -196,7 +193,7 @@ def _report_unexpected(exc: Exception) -> int:
         # Let the launcher see the rank that failed first: it names the earliest failure, in whole seconds.
         import time
         time.sleep(2.0)
-        from ddtrain.dist.launch import LOST_PEER_EXIT
+        from ddtrain.distributed.launch import LOST_PEER_EXIT
         return LOST_PEER_EXIT
     eprint(f"ddtrain: error: {type(exc).__name__}: {first}" + ("" if debug else "  (DDTRAIN_DEBUG=1 shows the traceback)"))
     return 1

@@ -28,7 +28,7 @@ def describe(error: ConfigError) -> str:
     return f"{error.flag or flag_name(error.field)} {error.problem}"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def field_help(cls) -> dict[str, str]:
     """``{field: comment}`` from the comment that ends each field's line in ``cls``'s source."""
     try:

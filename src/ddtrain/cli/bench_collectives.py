@@ -6,7 +6,7 @@ import torch
 
 from ddtrain.bench.collectives import (BENCH_OPS, DTYPES, BenchConfig, check_plot_available, link_lines,
                                        parse_sizes, render, run_bench, write_outputs)
-from ddtrain.dist import launch, runtime
+from ddtrain.distributed import launch, runtime
 from ddtrain.errors import DDTrainError, choice_error
 
 

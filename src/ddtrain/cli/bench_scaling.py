@@ -17,7 +17,8 @@ def add_arguments(p) -> None:
     p.add_argument("--loader-workers", default="0", help="comma-separated DataLoader processes per rank")
     p.add_argument("--amp", default="off", help="comma-separated precisions: off, bf16, fp16")
     p.add_argument("--channels-last", action="store_true", help="NHWC memory layout in every cell")
-    p.add_argument("--steps", type=int, default=None, help="timed steps per cell, after the warm-up (None: 30, or 0 with --epochs)")
+    p.add_argument("--steps", type=int, default=None, help="timed steps per cell, after the warm-up (None: 30, or "
+                   "0 with --epochs)")
     p.add_argument("--epochs", type=int, default=0, help="whole epochs per cell instead of --steps")
     p.add_argument("--warmup-steps", type=int, default=5, help="steps run first and left out of every time")
     p.add_argument("--servers", type=int, default=1, help="parameter-server ranks of ps-* strategies")

@@ -6,7 +6,8 @@
 
 World size = nodes × procs-per-node (a ``--nproc`` of the inner command is not used: the
 cluster is the launcher). With ``--slurm`` a real SLURM runs in the nodes and the command
-(``srun …``, ``sbatch --wait …``) runs on node 0; SLURM decides the ranks. Prints each node's traffic at the end; the exit status is the job's.
+(``srun …``, ``sbatch --wait …``) runs on node 0; SLURM decides the ranks. Prints each node's traffic at the end; the
+exit status is the job's.
 """
 from __future__ import annotations
 

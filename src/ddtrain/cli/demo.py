@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 from ddtrain.config import TrainConfig, to_argv
-from ddtrain.dist import launch
+from ddtrain.distributed import launch
 from ddtrain.errors import DDTrainError
 
 

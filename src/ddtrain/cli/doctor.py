@@ -37,8 +37,8 @@ def data_fingerprint(name: str | None) -> str:
 
 
 def main(args) -> int:
-    from ddtrain.dist import launch
-    from ddtrain.dist.env import check_nproc
+    from ddtrain.distributed import launch
+    from ddtrain.distributed.env import check_nproc
     if not launch.inside_launcher():
         argv = ["doctor", *(["--data", args.data] if args.data else []), *(["--no-probe"] if args.no_probe else []),
                 "--timeout", str(args.timeout)]
@@ -53,8 +53,8 @@ def _as_rank(args) -> int:
 
     import torch.distributed as dist
 
-    from ddtrain.dist import doctor
-    from ddtrain.dist.env import detect_env
+    from ddtrain.distributed import doctor
+    from ddtrain.distributed.env import detect_env
     env = detect_env()
     os.environ.setdefault("MASTER_ADDR", env.master_addr)
     os.environ.setdefault("MASTER_PORT", str(env.master_port))

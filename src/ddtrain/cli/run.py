@@ -1,6 +1,7 @@
-"""``ddtrain run --nproc N [--strategy S] script.py ARGS...``: N local workers for any script, the local counterpart of ``torchrun``.
+"""``ddtrain run --nproc N [--strategy S] script.py ARGS...``: N local workers for any script, the local counterpart
+of ``torchrun``.
 
-The workers start through torchrun's own machinery (``ddtrain.dist.launch.run_local``, as
+The workers start through torchrun's own machinery (``ddtrain.distributed.launch.run_local``, as
 ``ddtrain train --nproc`` does, so the same failure naming, ``--max-restarts`` and deadlines),
 each running ``script.py ARGS`` as its ``__main__`` with the launcher environment torchrun sets
 (``ddtrain.init()`` reads it). ``--strategy``, ``--backend`` and ``--timeout`` reach the script
@@ -32,7 +33,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main(args) -> int:
-    from ddtrain.dist import launch
+    from ddtrain.distributed import launch
     from ddtrain.errors import DDTrainError
     if launch.inside_launcher():
         raise DDTrainError("ddtrain run starts its own workers; inside a launcher run the script directly "

@@ -17,9 +17,9 @@ import torch
 
 from ddtrain.cli.args import add_dataclass_arguments, config_from_args, reparse_with_defaults
 from ddtrain.config import read_config_file, read_record_config, to_argv
-from ddtrain.dist import launch, runtime
-from ddtrain.dist.config import size_range
-from ddtrain.dist.env import check_nproc
+from ddtrain.distributed import launch, runtime
+from ddtrain.distributed.config import size_range
+from ddtrain.distributed.env import check_nproc
 from ddtrain.errors import DDTrainError
 from ddtrain.observe import profiler
 from ddtrain.reliability.consistency import PeerStopped
@@ -66,7 +66,7 @@ def main(args) -> int:
     if launch.inside_launcher():
         runtime.init(backend=config.dist.backend, timeout_s=config.dist.timeout)
         if not config.dist.skip_doctor:  # ranks on several nodes: the same Python, torch, CUDA, NCCL everywhere
-            from ddtrain.dist.doctor import check_job_at_start
+            from ddtrain.distributed.doctor import check_job_at_start
             check_job_at_start(min(60.0, config.dist.timeout))
         data, model = load_and_build(config)
         from ddtrain.training.loop import fit
@@ -103,7 +103,7 @@ def main(args) -> int:
                                f"be shared by {', '.join(map(str, short))} node(s) of {args.nproc} workers; world "
                                f"sizes that can: {', '.join(map(str, sorted(sizes)))}")
     if config.dist.max_nodes > 1:  # the launchers of all nodes are one run (one checkpoint directory and lineage)
-        from ddtrain.dist.env import share_run_id
+        from ddtrain.distributed.env import share_run_id
         share_run_id(config.dist.rdzv_endpoint)
     if elastic_nodes and not config.reliability.resume:
         from ddtrain.reliability import ownership

@@ -12,7 +12,7 @@ docs/CLUSTER.md has the layout, the tc parameters and what the figures mean.
 """
 from __future__ import annotations
 
-from ddtrain.cluster.links import (LINK_ENV, NODE_ENV, NODE_LINK_ENV, SERVER_LINK_ENV,  # noqa: F401
+from ddtrain.cluster.links import (LINK_ENV, NODE_ENV, NODE_LINK_ENV, SERVER_LINK_ENV,
                                    link_fraction, link_rate_bps)
 from ddtrain.cluster.checks import missing_requirements, preflight
 from ddtrain.cluster.netns import Cluster, Node, format_rate, parse_rate

@@ -71,7 +71,7 @@ def missing_requirements(env=None) -> list[str]:
 
 def _module_file_exists(release: str, module: str) -> bool:
     root = f"/lib/modules/{release}"
-    for dirpath, _, files in os.walk(root):
+    for _dirpath, _, files in os.walk(root):
         if any(name.split(".ko")[0] == module for name in files if ".ko" in name):
             return True
     return False

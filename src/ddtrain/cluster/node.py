@@ -2,7 +2,7 @@
 
 Started by ``run_in_cluster`` inside the node's namespace as
 ``python -m ddtrain.cluster.node <torch.distributed.run arguments>``. It is torchrun itself
-(same parser, same elastic agent) with two differences, as in ``ddtrain.dist.launch.run_local``:
+(same parser, same elastic agent) with two differences, as in ``ddtrain.distributed.launch.run_local``:
 the agent's own log lines are silenced unless DDTRAIN_DEBUG is set (run.node_env sets
 LOGLEVEL and TORCH_CPP_LOG_LEVEL, read before this module runs), and a failed worker is
 reported in one line naming the node and rank instead of a traceback.
@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 
-from ddtrain.dist.launch import describe_failure
+from ddtrain.distributed.launch import describe_failure
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -22,13 +22,13 @@ def main(argv: list[str] | None = None) -> int:
 
     if not os.environ.get("DDTRAIN_DEBUG"):
         logging.getLogger("torch.distributed").setLevel(logging.CRITICAL)
-    from ddtrain.dist.launch import _torchrun_parser
-    from ddtrain.dist.launch import _RestartNotice
+    from ddtrain.distributed.launch import _torchrun_parser
+    from ddtrain.distributed.launch import _RestartNotice
     from ddtrain.cluster.links import NODE_ENV
     args = _torchrun_parser().parse_args(sys.argv[1:] if argv is None else argv)
     node = os.environ.get(NODE_ENV, args.node_rank)  # with c10d the rendezvous numbers the nodes itself
     if args.max_restarts:  # a restart for a joining node resumes too (elastic membership)
-        from ddtrain.dist.launch import count_reforms
+        from ddtrain.distributed.launch import count_reforms
         count_reforms()
     notice = _RestartNotice(args.max_restarts)  # "ddtrain: worker rank R was killed ...; restarting all workers"
     try:

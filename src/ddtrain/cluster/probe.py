@@ -24,7 +24,7 @@ import time
 import torch
 import torch.distributed as dist
 
-from ddtrain.dist import runtime
+from ddtrain.distributed import runtime
 from ddtrain.errors import DDTrainError
 from ddtrain.cluster.links import NODE_ENV, link_rate_bps
 

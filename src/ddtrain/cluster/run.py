@@ -17,15 +17,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from ddtrain.distributed.env import launcher_variables
 from ddtrain.errors import DDTrainError
 from ddtrain.cluster import checks, netns
 from ddtrain.cluster.links import LINK_ENV, NODE_ENV, NODE_LINK_ENV, SERVER_LINK_ENV
 
 MASTER_PORT = 29500  # every node has its own network stack, so a fixed port cannot collide
 # Variables a surrounding launcher may have set; the ranks in the cluster must not see them.
-_LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK",
-                  "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK",
-                  "PMI_RANK", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
+_LAUNCHER_VARS = (*launcher_variables(), "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
 
 
 @contextlib.contextmanager
@@ -163,7 +162,7 @@ def node_argv(cluster: netns.Cluster, node: netns.Node, procs_per_node: int, com
         rendezvous = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"{cluster.master_addr}:{master_port}",
                       "--rdzv-id", cluster.run_id, "--rdzv-conf", f"is_host={str(node.index == 0).lower()}"]
         if min_nodes is not None and min_nodes < len(cluster.nodes):
-            from ddtrain.dist.launch import elastic_conf
+            from ddtrain.distributed.launch import elastic_conf
             nnodes, rendezvous = f"{min_nodes}:{len(cluster.nodes)}", elastic_conf(rendezvous)
     else:
         rendezvous = ["--node-rank", str(node.index), "--rdzv-backend", "static",

@@ -18,8 +18,8 @@ from ddtrain.comm.algorithm import Algorithm
 from ddtrain.comm.ops import ALL_REDUCE_OPS, REDUCE_OPS, SUPPORTED_DTYPES
 from ddtrain.comm.p2p import CommError
 
-from ddtrain.comm import butterfly, central, native, ring, ring_async, tree  # noqa: E402  (after the helpers)
-from ddtrain.comm.primitives import allgather, alltoall, bcast, gather, recv, reduce, scatter, send  # noqa: E402
+from ddtrain.comm import butterfly, central, native, ring, ring_async, tree
+from ddtrain.comm.primitives import allgather, alltoall, bcast, gather, recv, reduce, scatter, send
 
 ALGORITHMS: dict[str, Algorithm] = {}
 

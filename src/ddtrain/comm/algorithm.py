@@ -1,4 +1,5 @@
-"""One record per all-reduce algorithm (``Algorithm``: its name, its function and its cost formula), as nccl-tests keeps a collective's traits in its own file.
+"""One record per all-reduce algorithm (``Algorithm``: its name, its function and its cost formula), as nccl-tests
+keeps a collective's traits in its own file.
 
 Each algorithm module ends with ``ALGORITHM = Algorithm(...)`` and ``ddtrain.comm`` registers it
 (``register_algorithm``). A cost formula is a pure function ``(nbytes, ranks, alpha, beta,
@@ -10,7 +11,7 @@ buffers locally; a step in which every rank sends and receives ``m`` bytes at on
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 

@@ -11,7 +11,7 @@ rank, so the quotient is identical too.
 """
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist

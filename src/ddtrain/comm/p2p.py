@@ -41,13 +41,8 @@ class CommError(DDTrainError):
 
 def default_timeout_s() -> float:
     """The deadline of one collective: ddtrain.init()'s timeout, else DDTRAIN_TIMEOUT_S, else 300 s."""
-    from ddtrain.dist import runtime
-    from ddtrain.dist.config import default_timeout_s as configured
-
-    state = runtime._state
-    if state is not None:
-        return state.timeout_s
-    return configured()
+    from ddtrain.distributed import runtime
+    return runtime.deadline_s()
 
 
 @dataclass

@@ -31,7 +31,8 @@ from __future__ import annotations
 import contextlib
 import threading
 from dataclasses import dataclass, field, fields
-from typing import Callable, Iterator, NamedTuple
+from typing import NamedTuple
+from collections.abc import Callable, Iterator
 
 COUNTED, FORMULA = "counted", "formula"
 
@@ -46,14 +47,14 @@ class Counts:
     messages_received: int = 0
     method: str = COUNTED
 
-    def add(self, other: "Counts") -> None:
+    def add(self, other: Counts) -> None:
         self.bytes_sent += other.bytes_sent
         self.bytes_received += other.bytes_received
         self.messages_sent += other.messages_sent
         self.messages_received += other.messages_received
         self.method = _merge_method(self.method, other.method)
 
-    def minus(self, before: "Counts") -> "Counts":
+    def minus(self, before: Counts) -> Counts:
         return Counts(self.bytes_sent - before.bytes_sent, self.bytes_received - before.bytes_received,
                       self.messages_sent - before.messages_sent,
                       self.messages_received - before.messages_received, self.method)

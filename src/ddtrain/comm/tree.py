@@ -18,7 +18,7 @@ ceil(log2 n) of them). So a rank with c children sends and receives (c + [rank !
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 

@@ -1,4 +1,5 @@
-"""α-β-γ time of one all-reduce: ``LinkParams`` (α latency, β seconds per byte on a link, γ seconds per byte to combine) and ``predict_time``.
+"""α-β-γ time of one all-reduce: ``LinkParams`` (α latency, β seconds per byte on a link, γ seconds per byte to
+combine) and ``predict_time``.
 
 Each algorithm's formula lives in its own module of ``ddtrain.comm`` (``Algorithm.time``;
 ``ddtrain.comm.algorithm`` defines the model), and ``PREDICTORS`` reads them from
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from ddtrain import comm
 from ddtrain.comm.butterfly import butterfly_time

@@ -8,7 +8,7 @@ distribution except ``sharding``, which only computes index lists.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 from torch.utils.data import Dataset, Subset
@@ -52,7 +52,7 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
     fmt, sep, arg = spec.partition(":")
     if fmt not in DATASETS:
         raise choice_error("data format", fmt, [f"{k}:{v}" if k in NEEDS_ARG else k
-                                                for k, v in {**{k: None for k in DATASETS}, **NEEDS_ARG}.items()])
+                                                for k, v in {**dict.fromkeys(DATASETS), **NEEDS_ARG}.items()])
     if fmt in NEEDS_ARG and not arg:
         raise DDTrainError(f"data spec {spec!r} needs a path: {fmt}:{NEEDS_ARG[fmt]}")
     return fmt, (arg or None)

@@ -41,10 +41,10 @@ class ArrayDataset(Dataset):
         """Gather a whole batch at once (no per-sample Python, no collate)."""
         return self.x[idx], self.y[idx]
 
-    def select(self, idx: torch.Tensor) -> "ArrayDataset":
+    def select(self, idx: torch.Tensor) -> ArrayDataset:
         return ArrayDataset(self.x[idx], self.y[idx], num_classes=self.num_classes)
 
-    def to(self, device) -> "ArrayDataset":
+    def to(self, device) -> ArrayDataset:
         """A copy resident on ``device`` (the GPU path: copied once, never per step)."""
         return ArrayDataset(self.x.to(device), self.y.to(device), num_classes=self.num_classes)
 

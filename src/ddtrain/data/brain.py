@@ -241,7 +241,7 @@ def slice_subjects(subjects: list[Subject], opts: SliceOptions | None = None, **
         raise DDTrainError("no subjects to slice")
     x_all = y_all = None
     filled = 0
-    for n, subject in enumerate(subjects):
+    for subject in subjects:
         x, y = subject_slices(subject, opts)
         if x_all is None:
             bound = sum(-(-_slice_count(s, opts) // opts.step) for s in subjects)

@@ -184,11 +184,11 @@ class ImageFolderDataset(Dataset):
             normalize_(x)
         return x, int(self.labels[i])
 
-    def select(self, idx) -> "ImageFolderDataset":
+    def select(self, idx) -> ImageFolderDataset:
         idx = np.asarray(torch.as_tensor(idx).cpu(), dtype=np.int64)
         return replace(self, files=[self.files[j] for j in idx], labels=self.labels[idx])
 
-    def eval_view(self) -> "ImageFolderDataset":
+    def eval_view(self) -> ImageFolderDataset:
         """The same images with the evaluation transform (resize + centre crop, no flip)."""
         return replace(self, train=False)
 

@@ -83,7 +83,7 @@ class ClassPatterns:
         noise = _unit_noise(idx, self.channels * self.size * self.size, seed=self.seed, stream=1)
         return x + NOISE * noise.view_as(x), labels
 
-    def to(self, device) -> "ClassPatterns":
+    def to(self, device) -> ClassPatterns:
         moved = object.__new__(ClassPatterns)
         moved.__dict__.update(self.__dict__, templates=self.templates.to(device))
         return moved
@@ -112,7 +112,7 @@ class BrainSlices:
         y = torch.tanh(F.interpolate(mixed, size=side, mode="bilinear", align_corners=False)).mul_(self.mask)
         return x, y
 
-    def to(self, device) -> "BrainSlices":
+    def to(self, device) -> BrainSlices:
         moved = object.__new__(BrainSlices)
         moved.__dict__.update(self.__dict__, weights=self.weights.to(device), mask=self.mask.to(device))
         return moved

@@ -57,13 +57,13 @@ class BatchDataset(Dataset):
             idx = self.index[idx.to(self.index.device)]
         return self.make(idx)
 
-    def select(self, idx: torch.Tensor) -> "BatchDataset":
+    def select(self, idx: torch.Tensor) -> BatchDataset:
         idx = torch.as_tensor(idx, dtype=torch.long)
         index = idx if self.index is None else self.index[idx]
         return BatchDataset(self.make, self.n, num_classes=self.num_classes,
                             sample_shape=self.sample_shape, index=index.clone(), device=self.device)
 
-    def to(self, device) -> "BatchDataset":
+    def to(self, device) -> BatchDataset:
         index = None if self.index is None else self.index.to(device)
         return BatchDataset(self.make.to(device), self.n, num_classes=self.num_classes,
                             sample_shape=self.sample_shape, index=index, device=device)

@@ -1,7 +1,7 @@
 """The registry: every model family's builder under its name, and the one way to build one."""
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch.nn as nn
 

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
 
 from ddtrain.errors import ConfigError
 
@@ -13,7 +12,7 @@ class ProfileConfig:
     """Measurement (ddtrain bench scaling sets these; docs/PERFORMANCE.md defines every figure)."""
 
     profile: bool = False                 # add each rank's step split (data, compute, communication wait, optimizer) to the record
-    trace: Optional[str] = None           # write a Chrome-trace JSON of every rank on one clock (implies --profile)
+    trace: str | None = None           # write a Chrome-trace JSON of every rank on one clock (implies --profile)
     # Not "--monitor": torchrun's parser (which run_local feeds our flags through) would take it
     # for an abbreviation of its own --monitor-interval and stop.
     monitor_system: bool = False          # sample CPU, GPU and network per rank into the record (implies --profile)

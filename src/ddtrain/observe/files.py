@@ -183,7 +183,8 @@ def _or_rescue(path, write, what: str, flag: str | None) -> Path:
         named = f"{flag} {path}" if flag else str(path)
         raise _Rescued(f"{named}: could not write {what} ({why}); it was saved to {rescue} instead: "
                        f"move it where you want it (mv {rescue} {path})", rescue)
-    raise DDTrainError(f"{f'{flag} ' if flag else ''}{path}: could not write {what} ({why}), nor anywhere else ({'; '.join(tried)}); "
+    raise DDTrainError(f"{f'{flag} ' if flag else ''}{path}: could not write {what} ({why}), nor anywhere else "
+                       f"({'; '.join(tried)}); "
                        "it is lost unless --checkpoint-dir was given (its last checkpoint holds the final state)")
 
 

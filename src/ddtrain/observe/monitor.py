@@ -119,7 +119,7 @@ class Monitor:
         self._thread: threading.Thread | None = None
         self._last: tuple | None = None
 
-    def start(self) -> "Monitor":
+    def start(self) -> Monitor:
         self.sample()
         self._thread = threading.Thread(target=self._run, name="ddtrain-monitor", daemon=True)
         self._thread.start()

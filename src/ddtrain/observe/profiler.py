@@ -28,7 +28,7 @@ import threading
 import time
 
 from ddtrain.comm import traffic
-from ddtrain.dist import runtime
+from ddtrain.distributed import runtime
 from ddtrain.observe import files
 from ddtrain.observe.step_split import split_steps
 from ddtrain.observe.timeline import chrome_trace, estimate_offsets, straggler_summary

@@ -166,7 +166,7 @@ def straggler_summary(splits: dict[int, dict], per_step_busy: dict[int, list[flo
            "others_mean_comm_wait_s": statistics.fmean(waits) if waits else None}
     if per_step_busy and len(per_step_busy) > 1:
         n = min(len(v) for v in per_step_busy.values())
-        counts = {r: 0 for r in per_step_busy}
+        counts = dict.fromkeys(per_step_busy, 0)
         for i in range(n):
             counts[max(per_step_busy, key=lambda r: per_step_busy[r][i])] += 1
         out["slowest_in_steps"] = {"counts": counts, "steps": n}

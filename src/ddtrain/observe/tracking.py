@@ -14,7 +14,6 @@ import csv
 import math
 import os
 from dataclasses import dataclass
-from typing import Optional
 
 from ddtrain.errors import ConfigError, DDTrainError
 
@@ -23,9 +22,9 @@ from ddtrain.errors import ConfigError, DDTrainError
 class TrackingConfig:
     """Tracking (rank 0 writes; docs/DEPENDENCIES.md names the libraries)."""
 
-    tensorboard: Optional[str] = None     # write TensorBoard event files (scalars per step and epoch) into this directory
+    tensorboard: str | None = None     # write TensorBoard event files (scalars per step and epoch) into this directory
     mlflow: bool = False                  # log the configuration and the metrics to an MLflow run (at MLFLOW_TRACKING_URI, else MLflow's default)
-    csv: Optional[str] = None             # write per-step and per-epoch metrics to this CSV file
+    csv: str | None = None             # write per-step and per-epoch metrics to this CSV file
     track_every: int = 1                  # optimizer steps between tracked step metrics
 
     def __post_init__(self):

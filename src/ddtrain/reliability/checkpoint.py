@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from ddtrain.dist import runtime
+from ddtrain.distributed import runtime
 from ddtrain.errors import DDTrainError
 from ddtrain.observe import files
 from ddtrain.reliability import checkpoint_elastic, ownership, stall
@@ -382,11 +382,6 @@ def restore(directory, *, required: bool, warn, check=None, reshape=None):
 
 
 # ---- the training loop's checkpoints --------------------------------------------------------
-
-def restart_attempt() -> int:
-    """How often torchrun restarted this job's workers (0 in the first attempt)."""
-    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-
 
 class Checkpointer:
     """Resume (``resume``, or a restart by torchrun), ``due(step, end_of_epoch)`` and ``save(step, steps_done)``.

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Optional
+from typing import Literal
 
 from ddtrain.errors import ConfigError
 
@@ -11,7 +11,7 @@ from ddtrain.errors import ConfigError
 class ReliabilityConfig:
     """Checkpoints and failure handling (docs/RELIABILITY.md)."""
 
-    checkpoint_dir: Optional[str] = None                # write checkpoints here (rank 0; see docs/RELIABILITY.md)
+    checkpoint_dir: str | None = None                # write checkpoints here (rank 0; see docs/RELIABILITY.md)
     checkpoint_every: int = 0                           # steps between checkpoints (0: at the end of every epoch)
     keep: int = 3                                       # newest checkpoints to keep; older ones are deleted
     resume: bool = False                                # continue from the newest whole checkpoint in --checkpoint-dir

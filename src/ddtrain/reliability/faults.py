@@ -10,7 +10,7 @@ over the whole run). Kinds:
 * ``nan``: this step's forward pass on that rank returns NaN (a numerical fault, once);
 * ``corrupt``: adds noise to that rank's first parameter (a silent divergence of replicas).
 
-A fault fires only in the first attempt of a job (``TORCHELASTIC_RESTART_COUNT`` 0), so
+A fault fires only in the first attempt of a job (``restart_attempt()`` 0), so
 restarted workers run clean. ``fit`` installs a ``FaultInjector`` callback only when a fault is
 set (``injectors()``); the parameter servers call ``maybe_inject`` themselves.
 """
@@ -22,6 +22,7 @@ import sys
 import time
 
 from ddtrain.errors import DDTrainError
+from ddtrain.distributed.job import restart_attempt
 
 KINDS = ("raise", "exit", "kill", "hang", "skip", "nan", "corrupt")
 
@@ -88,7 +89,7 @@ def maybe_inject(step: int, rank: int, module=None) -> None:
         raise _fault_error
     if _fault is None or _fault["rank"] != rank or _fault["step"] != step:
         return
-    if int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+    if restart_attempt() > 0:
         return
     kind = _fault["kind"]
     if kind == "raise":

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 import torch.distributed as dist
 
-from ddtrain.dist import runtime
+from ddtrain.distributed import runtime
 from ddtrain.errors import DDTrainError
 from ddtrain.reliability import stall
 

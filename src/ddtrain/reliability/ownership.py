@@ -22,7 +22,7 @@ import time
 import uuid
 from pathlib import Path
 
-from ddtrain.dist.launch import MEMBERSHIP_REASON_ENV  # set by the launcher that restarted the workers
+from ddtrain.distributed.launch import MEMBERSHIP_REASON_ENV  # set by the launcher that restarted the workers
 from ddtrain.errors import DDTrainError
 
 RUN_ID_ENV = "DDTRAIN_RUN_ID"

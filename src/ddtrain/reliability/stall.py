@@ -25,6 +25,7 @@ import time
 import torch.distributed as dist
 
 from ddtrain.errors import DDTrainError
+from ddtrain.distributed.job import default_store, restart_attempt
 
 TIMEOUT_WORDS = ("timed out", "timeout", "deadline")
 LOST_PEER_WORDS = ("connection closed by peer", "connection reset by peer", "broken pipe", "econnreset",
@@ -51,13 +52,13 @@ def where() -> tuple:
 
 
 def _key(rank: int) -> str:
-    return f"ddtrain/where/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}/{rank}"
+    return f"ddtrain/where/{restart_attempt()}/{rank}"
 
 
 def _store():
     try:
-        return dist.distributed_c10d._get_default_store()
-    except Exception:  # no default group, or a torch without the accessor
+        return default_store()
+    except Exception:  # a torch without the accessor
         return None
 
 
@@ -96,7 +97,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = None
 
-    def start(self) -> "Heartbeat":
+    def start(self) -> Heartbeat:
         if self.store is not None and self._thread is None:
             try:
                 self._publish()

@@ -21,10 +21,11 @@ import time
 
 import torch.distributed as dist
 
-from ddtrain.dist import runtime
-from ddtrain.dist.launch import PEER_STOPPED_EXIT
-from ddtrain.dist.runtime import watchdog_wanted as wanted  # noqa: F401  (the switch lives with the timeout it pads)
+from ddtrain.distributed import runtime
+from ddtrain.distributed.launch import PEER_STOPPED_EXIT
+from ddtrain.distributed.runtime import watchdog_wanted as wanted
 from ddtrain.reliability import stall
+from ddtrain.distributed.job import restart_attempt
 
 
 class ProgressWatchdog:
@@ -37,7 +38,7 @@ class ProgressWatchdog:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="ddtrain-watchdog", daemon=True)
 
-    def __enter__(self) -> "ProgressWatchdog":
+    def __enter__(self) -> ProgressWatchdog:
         self._thread.start()
         return self
 
@@ -80,7 +81,7 @@ def _first_to_report() -> bool:
     if store is None:
         return True
     try:
-        return store.add(f"ddtrain/watchdog/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", 1) == 1
+        return store.add(f"ddtrain/watchdog/{restart_attempt()}", 1) == 1
     except Exception:  # the store is gone with rank 0: say it anyway
         return True
 

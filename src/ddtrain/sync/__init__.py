@@ -18,11 +18,10 @@ from functools import partial
 
 import torch.distributed as dist
 
-from ddtrain.dist import runtime
+from ddtrain.distributed import runtime
 from ddtrain.errors import DDTrainError, choice_error
 from ddtrain.sync.allreduce import AllReduceStrategy, build_ddp
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats, single_process
-from ddtrain.sync.ddp import DDPStrategy
 from ddtrain.sync.hybrid import HybridStrategy
 from ddtrain.sync.local_sgd import LocalSGDStrategy
 from ddtrain.sync.ps.protocol import wire_dtype
@@ -46,7 +45,8 @@ for _spec in (
       for name in ("ring", "ring-async", "tree", "butterfly", "central")),
     StrategySpec(name="ps-sync", build=partial(build_param_server, asynchronous=False), uses_servers=True,
                  options=("servers", "timeout_s", "compression"),
-                 replicated=False, algorithm="central",  # the master pattern over workers + servers; checkpoints hold the servers' state
+                 replicated=False, algorithm="central",  # the master pattern over workers + servers; checkpoints
+                 # hold the servers' state
                  summary="parameter servers on the last --servers ranks; each step waits for every worker"),
     StrategySpec(name="ps-async", build=partial(build_param_server, asynchronous=True), uses_servers=True,
                  options=("servers", "staleness", "async_rule", "timeout_s", "compression"),
@@ -54,7 +54,8 @@ for _spec in (
                  summary="parameter servers applying each gradient as it arrives (--staleness bounds the lag)"),
     StrategySpec(name="hybrid", build=HybridStrategy, replicated=False, sync_in_backward=True, periodic=True,
                  options=("sync_every",),
-                 algorithm="ring", summary="ring all-reduce every step + rank 0's broadcast every --sync-every steps (000 ch. 5)"),
+                 algorithm="ring", summary="ring all-reduce every step + rank 0's broadcast every --sync-every "
+                     "steps (000 ch. 5)"),
     StrategySpec(name="local-sgd", build=LocalSGDStrategy, replicated=False, periodic=True, synchronous=False,
                  options=("sync_every", *LOCAL_SGD_OPTIONS),
                  summary="local steps; parameters averaged every --sync-every steps"),

@@ -15,7 +15,7 @@ import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
 
 from ddtrain.comm import compression
-from ddtrain.dist import runtime
+from ddtrain.distributed import runtime
 
 ASYNC_RULES = ("dana", "staleness", "lr-staleness", "momentum", "momentum-subtract", "lr-workers", "lr-staleness-momentum",
                "lr-workers-momentum", "lr-staleness-no-momentum", "dc-staleness", "dc-lr-workers", "plain")   # SyncOptions.async_rule's Literal

@@ -120,7 +120,7 @@ class DivergenceMonitor:
         self.check(epoch=epoch, after_sync=after_sync)
 
     def check(self, *, epoch: int | None = None, after_sync: bool = False) -> float:
-        params = [p for p in self.module.parameters()]
+        params = list(self.module.parameters())
         value, full = replica_divergence(params, self.group)
         extra = self.stats.extra
         extra["divergence"].append({"step": self.steps, "epoch": epoch, "divergence": value,

@@ -7,7 +7,7 @@ plus one ``register_strategy(StrategySpec(...))`` line (``ddtrain.sync.STRATEGIE
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 
 # SyncOptions fields that only some strategies read (their specs list them in ``options``); the

@@ -17,7 +17,7 @@ from ddtrain import comm
 
 def state_tensors(module: torch.nn.Module, buffers: bool = True) -> list[torch.Tensor]:
     """Parameters, then floating-point buffers (if ``buffers``), in module order."""
-    out = [p for p in module.parameters()]
+    out = list(module.parameters())
     if buffers:
         out += [b for b in module.buffers() if b.is_floating_point()]
     return out

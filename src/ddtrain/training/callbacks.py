@@ -6,7 +6,7 @@ nothing. The loop binds each hook once per run and calls only the ones a callbac
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch
@@ -55,7 +55,7 @@ class TrainState:
     strategy: Any                       # the applied strategy (ddtrain.sync.wrap's result)
     model: torch.nn.Module              # the module being trained (the strategy's ``module``)
     optimizer: torch.optim.Optimizer
-    scaler: Optional[torch.amp.GradScaler]
+    scaler: torch.amp.GradScaler | None
     device: torch.device
     data: Data
     record: dict                        # the results record, written once at the end of fit
@@ -65,8 +65,8 @@ class TrainState:
     step: int = 0                       # optimizer steps (updates) done in the whole run
     epoch: int = 1                      # the epoch running now
     steps_done: int = 0                 # steps done in this epoch
-    checkpointer: Optional[Checkpointer] = None    # with a checkpoint_dir
-    nonfinite: Optional[NonfiniteGuard] = None
-    replicas: Optional[ReplicaCheck] = None        # on workers of a distributed run
+    checkpointer: Checkpointer | None = None    # with a checkpoint_dir
+    nonfinite: NonfiniteGuard | None = None
+    replicas: ReplicaCheck | None = None        # on workers of a distributed run
     schedule: Any = None                # the lr schedule (training.recipe.Schedule), when not constant
     updates_per_epoch: int = 0          # optimizer steps in an epoch (micro-batches // grad_accum)

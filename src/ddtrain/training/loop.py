@@ -22,11 +22,12 @@ from ddtrain.config import TrainConfig
 from ddtrain.data import Data
 from ddtrain.data.loading import ShardLoader
 from ddtrain.data.sharding import ShardSampler
-from ddtrain.dist import runtime, storage
+from ddtrain.distributed import runtime, storage
 from ddtrain.errors import ConfigError
 from ddtrain.observe import files, tracking
 from ddtrain.reliability import checkpoint_elastic, consistency, faults, stall, watchdog
-from ddtrain.reliability.checkpoint import Checkpointer, restart_attempt
+from ddtrain.distributed.job import restart_attempt
+from ddtrain.reliability.checkpoint import Checkpointer
 from ddtrain.reliability.nonfinite import NonfiniteGuard
 from ddtrain.reliability.replicas import ReplicaCheck
 from ddtrain.sync import strategy_spec, wrap
@@ -125,7 +126,9 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
         if schedule is not None:
             schedule.jump_to(state.step)  # the optimizer's restored lr is the saved step's; the next is this
     from ddtrain.reliability.ownership import note_membership  # every (re)start's world size, across restarts (docs/ELASTIC.md)
-    record["membership"] = note_membership(options.checkpoint_dir, step=state.step, world_size=runtime.total_ranks(), attempt=info["attempt"], resumed=info["resumed_from"] is not None, write=runtime.rank() == 0)
+    record["membership"] = note_membership(options.checkpoint_dir, step=state.step, world_size=runtime.total_ranks(),
+                                           attempt=info["attempt"], resumed=info["resumed_from"] is not None,
+                                           write=runtime.rank() == 0)
     for hook in bound(callbacks, "on_train_begin"):
         hook(state)
     # a wait that times out names the step, the operation and the ranks that are elsewhere

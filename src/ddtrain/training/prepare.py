@@ -22,7 +22,7 @@ import sys
 import torch
 from torch.utils.data import DataLoader
 
-from ddtrain.dist import runtime
+from ddtrain.distributed import runtime
 from ddtrain.errors import DDTrainError
 from ddtrain.sync import SyncOptions, strategy_spec, wrap
 from ddtrain.sync.spec import STRATEGY_SPECIFIC

@@ -8,7 +8,8 @@ changes, and every batch structure (tensors in tuples, lists, dicts, dataclasses
 Sharding rules (docs/PORTING.md):
 - map-style datasets: ``RankSampler`` draws the user's sampler's order for the epoch with a
   random seed every rank shares (``seed + epoch``; a sampler with its own generator uses that;
-  ``shuffle=True`` gives DistributedSampler's permutation for that seed), and rank r takes positions r, r+R, r+2R, ... of it (DistributedSampler's rule, over any sampler).
+  ``shuffle=True`` gives DistributedSampler's permutation for that seed), and rank r takes positions r, r+R, r+2R,
+  ... of it (DistributedSampler's rule, over any sampler).
   A training loader drops the last ``n mod R`` positions, so every rank runs the same number of
   steps and the union of the ranks' step-s batches is the step-s batch of one process with an
   R-times larger batch. An evaluation loader drops nothing: shards differ by at most one sample,

@@ -17,7 +17,7 @@ formula of the bytes one rank sends per step (after any warm-up), the mean over 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from collections.abc import Callable
 
 from ddtrain.comm.compression import cast, powersgd, topk
 from ddtrain.comm.compression.volume import allgather_bytes, allreduce_bytes, numel

@@ -11,7 +11,7 @@ rank sends ``(R-1)·N`` from every rank.
 from __future__ import annotations
 
 from math import prod
-from typing import Sequence
+from collections.abc import Sequence
 
 
 def allreduce_bytes(nbytes: float, world: int) -> float:

@@ -45,17 +45,17 @@ compared with the cost model.
 from __future__ import annotations
 
 import itertools
-import os
 import time
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
 
-from ddtrain.dist import runtime
+from ddtrain.distributed import runtime
 from ddtrain.comm import traffic
 from ddtrain.comm.p2p import open_comm
 from ddtrain.errors import DDTrainError
+from ddtrain.distributed.job import default_store, restart_attempt
 
 GRAD, PARAMS, STOP, HELLO, FINAL, PAUSE, SET, STATE, LOAD, ADD = range(10)
 KIND_NAMES = {GRAD: "GRAD", PARAMS: "PARAMS", STOP: "STOP", HELLO: "HELLO", FINAL: "FINAL", PAUSE: "PAUSE",
@@ -290,14 +290,13 @@ class FailureNote:
     """One line in the job's store saying which worker a server lost (see the module docstring)."""
 
     def __init__(self, name: str):
-        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        self.key = f"ddtrain/{name}/{attempt}/{next(_notes)}/failed"
+        self.key = f"ddtrain/{name}/{restart_attempt()}/{next(_notes)}/failed"
 
     @staticmethod
     def _store():
         try:
-            return dist.distributed_c10d._get_default_store()
-        except Exception:   # no default group, or a torch without the accessor
+            return default_store()
+        except Exception:   # a torch without the accessor
             return None
 
     def post(self, text: str) -> None:

@@ -140,7 +140,7 @@ def serve_async(core: ServerCore, bound: int, rule: str = "staleness", on_add=No
     if not arrivals.anysource:
         for w in sorted(active):
             arrivals.expect(w)
-    expected_since = {w: start for w in active}
+    expected_since = dict.fromkeys(active, start)
     while active:
         if not expected_since:   # cannot happen: the oldest outstanding gradient is always applicable
             raise DDTrainError(f"{plan.name}: parameter server rank {core.rank} has nothing to wait for "

@@ -59,7 +59,8 @@ def dana_applies(optimizer) -> bool:
 
 
 def delay_compensate_(grads, now, stale, mean_square) -> None:
-    """DC-ASGD-a, in place: ``g + lambda_0 / sqrt(ms) * g * g * (w_now - w_stale)`` (``g * g`` approximates the Hessian's diagonal)."""
+    """DC-ASGD-a, in place: ``g + lambda_0 / sqrt(ms) * g * g * (w_now - w_stale)`` (``g * g`` approximates the
+    Hessian's diagonal)."""
     mean_square.mul_(DC_DECAY).addcmul_(grads, grads, value=1 - DC_DECAY)
     grads.add_(grads * grads * (now - stale) * DC_LAMBDA / (mean_square.sqrt() + 1e-8))
 

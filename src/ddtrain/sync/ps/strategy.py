@@ -4,7 +4,7 @@ With ``--servers S`` the last S ranks are servers (``ParameterServer``: ``serve(
 run) and ranks 0..W-1 are workers (``ParameterWorker``: the optimizer sends gradients and installs
 the parameters the servers answer with), so rank 0 is always a worker and worker ranks equal
 their index among the workers. ``ddtrain.world_size()``/``rank()`` then count workers
-(``ddtrain.dist.runtime.set_roles``) and ``ddtrain.worker_group()`` is the workers' process group.
+(``ddtrain.distributed.runtime.set_roles``) and ``ddtrain.worker_group()`` is the workers' process group.
 
 A second model (``prepare`` called again, GAN-style) joins the running job: the workers say ADD
 to the servers over the first model's messages; once every worker has, all ranks set the new
@@ -18,7 +18,7 @@ import threading
 import torch
 import torch.distributed as dist
 
-from ddtrain.dist import runtime
+from ddtrain.distributed import runtime
 from ddtrain.errors import DDTrainError
 from ddtrain.sync.accounting import Ledger
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats

@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 
 from ddtrain.comm.p2p import CommError, exchange, wait
-from ddtrain.dist import runtime
 from ddtrain.errors import DDTrainError
 from ddtrain.sync.accounting import Ledger
 from ddtrain.sync.ps.protocol import (FINAL, GRAD, HELLO, KIND_NAMES, LOAD, PARAMS, PAUSE, SET, STATE, SUFFIX, FailureNote,

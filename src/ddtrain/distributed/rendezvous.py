@@ -17,6 +17,7 @@ import threading
 import time
 from urllib.parse import parse_qs, urlencode, urlparse
 
+from ddtrain.distributed.job import restart_attempt, set_restart_attempt
 from ddtrain.errors import DDTrainError
 
 # A store answers a new connection within milliseconds; a listener silent this long is another program.
@@ -64,7 +65,7 @@ def init_method(timeout_s: float) -> str:
 
 def _handler(url: str, **_kwargs):
     """torch's rendezvous protocol: yield (store, rank, world size) once."""
-    from ddtrain.dist.env import detect_env
+    from ddtrain.distributed.env import detect_env
     timeout_s = float(parse_qs(urlparse(url).query)["deadline"][0])
     env = detect_env()
     yield connect(env, timeout_s), env.rank, env.world_size
@@ -96,7 +97,7 @@ def connect(env, timeout_s: float):
         store = _join(env, host, port, where, limit, timeout_s, deadline)
     if agent_store:
         # torch < 2.5 reuses the agent's store across restarts: the dead attempt's keys must not be seen.
-        store = PrefixStore(f"/worker/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+        store = PrefixStore(f"/worker/attempt_{restart_attempt()}", store)
     _check_in(store, env, timeout_s, deadline, where)
     return store
 
@@ -146,7 +147,6 @@ def _join(env, host, port, where, limit, timeout_s, deadline):
                        f"{_deadline_words(timeout_s)}: {what}{stale_hint(env)}")
 
 
-RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 # Attempts before this torchrun started: set by an elastic launcher that starts torchrun anew at each
 # world size (dist.launch.run_elastic), whose torchrun counts from 0 again.
 ATTEMPT_BASE_ENV = "DDTRAIN_ATTEMPT_BASE"
@@ -162,7 +162,7 @@ def _count(name: str) -> int:
 
 
 def add_attempt_base() -> None:
-    """Count every earlier attempt of this job into TORCHELASTIC_RESTART_COUNT (once per process).
+    """Count every earlier attempt of this job into the restart attempt (``job.restart_attempt``) (once per process).
 
     torchrun counts only the restarts after a failure: when a node joins an elastic job its agents
     restart the workers with the count unchanged (0 if nothing failed yet), and those workers
@@ -171,21 +171,20 @@ def add_attempt_base() -> None:
     attempts (DDTRAIN_ATTEMPT_BASE). The loop resumes, and faults stay quiet, after the first.
     """
     base, reforms = _count(ATTEMPT_BASE_ENV), _count(REFORMS_ENV)
-    count = max(int(os.environ.get(RESTART_COUNT, "0") or 0), reforms) + base
     if base or reforms:
-        os.environ[RESTART_COUNT] = str(count)
+        set_restart_attempt(max(restart_attempt(), reforms) + base)
 
 
 def _check_in(store, env, timeout_s, deadline, where):
     """Every rank sets its key, then waits for all of them; at the deadline the missing ranks are named.
 
     The keys carry no attempt number: the store is this attempt's own (a fresh one per restart, or
-    the agent's behind a per-attempt prefix). Each rank checks in with its TORCHELASTIC_RESTART_COUNT,
+    the agent's behind a per-attempt prefix). Each rank checks in with its restart attempt,
     and every rank then takes the largest (``_agree_attempt``).
     """
     keys = [f"ddtrain/rendezvous/{r}" for r in range(env.world_size)]
     try:
-        store.set(keys[env.rank], os.environ.get(RESTART_COUNT, "0"))
+        store.set(keys[env.rank], str(restart_attempt()))
         while not store.check(keys):
             if time.monotonic() >= deadline:
                 missing = [r for r, key in enumerate(keys) if not store.check([key])]
@@ -213,5 +212,5 @@ def _agree_attempt(counts: list[str]) -> None:
     the stall and watchdog keys) and a restarted node would fire its DDTRAIN_FAULT again.
     """
     attempt = max((int(c) for c in counts if c.strip().isdigit()), default=0)
-    if attempt > int(os.environ.get(RESTART_COUNT, "0") or 0):
-        os.environ[RESTART_COUNT] = str(attempt)
+    if attempt > restart_attempt():
+        set_restart_attempt(attempt)

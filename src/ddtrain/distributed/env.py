@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
+from collections.abc import Callable
 
+from ddtrain.distributed.job import RESTART_COUNT_ENV
 from ddtrain.errors import DDTrainError
 
 DEFAULT_PORT = 29500
@@ -27,7 +30,7 @@ SLURM_BATCH_STEP, SLURM_EXTERN_STEP = 4294967294, 4294967295
 class LaunchEnv:
     """What the launcher told this process."""
 
-    launcher: str          # "torchrun", "slurm", "openmpi", "mpich" or "none"
+    launcher: str          # a key of LAUNCHERS ("torchrun", "slurm", "openmpi", "mpich"), or "none"
     rank: int
     world_size: int
     local_rank: int
@@ -35,6 +38,41 @@ class LaunchEnv:
     master_addr: str
     master_port: int
     job_id: str = ""       # the scheduler's job id (SLURM_JOB_ID, Open MPI's jobid), "" if none
+
+
+@dataclass(frozen=True, kw_only=True)
+class Launcher:
+    """One launcher, as everything else sees it: the variables it sets in each rank and how to read them.
+
+    Adding a launcher is one ``Launcher(...)`` in ``LAUNCHERS``: environment detection
+    (``detect_env``, ``launched``), ``check_nproc``'s message and the emulated cluster's scrubbing
+    of a surrounding job's variables (``launcher_variables``) all read this table.
+    """
+
+    name: str                          # LaunchEnv.launcher
+    command: str                       # how users start it, for messages: "srun (SLURM_NTASKS)"
+    rank: str                          # the variable holding this process's global rank
+    world_size: str                    # ... the number of ranks
+    local_rank: str                    # ... the rank on this node (0 if absent)
+    local_world_size: tuple[str, ...] = ()   # ... ranks on this node: the first variable set (else local_world)
+    job_id: tuple[str, ...] = ()       # the scheduler's job id: the first variable set ("" if none)
+    also_sets: tuple[str, ...] = ()    # its other per-rank variables (scrubbed where a job must not inherit them)
+    is_rank: Callable[[Mapping], bool] | None = None    # besides rank and world size being set (None: nothing else)
+    local_world: Callable[[Mapping, int], int] | None = None   # when no local_world_size variable is set
+    master: Callable[[Mapping, int, int], str] | None = None    # (env, world, local world) -> rank 0's host
+
+    def started(self, env: Mapping) -> bool:
+        """Did this launcher start the process as a rank?"""
+        return self.rank in env and self.world_size in env and (self.is_rank is None or self.is_rank(env))
+
+    def read(self, env: Mapping) -> LaunchEnv:
+        world = _int(env, self.world_size)
+        local_world = next((_int(env, v) for v in self.local_world_size if env.get(v)), 0) or \
+            (self.local_world(env, world) if self.local_world else world)
+        job = next((env[v] for v in self.job_id if env.get(v)), "")
+        master = self.master(env, world, local_world) if self.master else env.get("MASTER_ADDR", "127.0.0.1")
+        return LaunchEnv(self.name, _int(env, self.rank), world, _int(env, self.local_rank, 0), local_world,
+                         master, _int(env, "MASTER_PORT", job_port(job)), job)
 
 
 def _int(env, name, default=None):
@@ -49,16 +87,70 @@ def _int(env, name, default=None):
         raise DDTrainError(f"environment variable {name}={value!r} is not an integer") from None
 
 
+def expand_slurm_hostlist(nodelist: str) -> list[str]:
+    """Every host of a SLURM host list, in order, as ``scontrol show hostnames`` prints them.
+
+    Items are separated by commas outside brackets; each bracket holds numbers and ranges
+    (``[001-004,9]``, zero padding kept), and an item with several brackets is their product
+    (``rack[1-2]-n[01-02]`` -> rack1-n01, rack1-n02, rack2-n01, rack2-n02).
+    """
+    items, depth, current = [], 0, ""
+    for ch in nodelist.strip():
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if depth < 0 or depth > 1:
+            raise DDTrainError(f"cannot parse SLURM host list {nodelist!r}: unbalanced brackets")
+        if ch == "," and depth == 0:
+            items.append(current)
+            current = ""
+        else:
+            current += ch
+    if depth:
+        raise DDTrainError(f"cannot parse SLURM host list {nodelist!r}: unbalanced brackets")
+    items.append(current)
+    hosts = []
+    for item in (i.strip() for i in items):
+        if not item:
+            continue
+        expanded = [""]
+        for literal, ranges in re.findall(r"([^\[]*)(?:\[([^\]]*)\])?", item):
+            choices = _expand_ranges(ranges, nodelist) if ranges else [""]
+            expanded = [head + literal + tail for head in expanded for tail in choices]
+        hosts.extend(expanded)
+    if not hosts:
+        raise DDTrainError(f"cannot parse SLURM host list {nodelist!r}: no host in it")
+    return hosts
+
+
+def _expand_ranges(ranges: str, nodelist: str) -> list[str]:
+    out = []
+    for part in ranges.split(","):
+        low, sep, high = part.strip().partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise DDTrainError(f"cannot parse SLURM host list {nodelist!r}: {part!r} is not a number or range")
+        hi = int(high) if sep else int(low)
+        out.extend(str(n).zfill(len(low)) for n in range(int(low), hi + 1))
+    return out
+
+
 def first_slurm_host(nodelist: str) -> str:
-    """The first host of a SLURM host list such as ``gpu[03-05,9],cpu1`` (-> ``gpu03``)."""
-    match = re.match(r"([^,\[]+)(\[([^\]]+)\])?", nodelist.strip())
-    if not match:
-        raise DDTrainError(f"cannot parse SLURM_JOB_NODELIST={nodelist!r}")
-    prefix, _, ranges = match.groups()
-    if not ranges:
-        return prefix
-    first = ranges.split(",")[0].split("-")[0]
-    return prefix + first
+    """The first host of a SLURM host list: ``scontrol show hostnames`` where it answers, else our parser.
+
+    ``gpu[03-05,9],cpu1`` -> gpu03; ``node-[001-004]-ib`` -> node-001-ib; ``rack[1-2]-n[01-04]`` -> rack1-n01.
+    scontrol needs the cluster's configuration, so outside a configured node it fails and the
+    parser (tests/distributed/test_env.py, every documented form) answers instead.
+    """
+    import shutil
+    import subprocess
+    if shutil.which("scontrol"):
+        try:
+            done = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True,
+                                  timeout=10)
+            first = done.stdout.split()
+            if done.returncode == 0 and first:
+                return first[0]
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return expand_slurm_hostlist(nodelist)[0]
 
 
 def slurm_task(env) -> bool:
@@ -76,11 +168,86 @@ def slurm_task(env) -> bool:
     return int(step) not in (SLURM_BATCH_STEP, SLURM_EXTERN_STEP)
 
 
+def _slurm_master(env, world: int, local_world: int) -> str:
+    return env.get("MASTER_ADDR") or first_slurm_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1"))
+
+
+def _slurm_tasks_on_node(env, world: int) -> int:
+    tasks = env.get("SLURM_TASKS_PER_NODE", "")  # e.g. "4(x2)" or "2,1"
+    match = re.match(r"(\d+)", tasks)
+    return int(match.group(1)) if match else world
+
+
+def _mpi_master(env, world: int, local_world: int) -> str:
+    if env.get("MASTER_ADDR"):
+        return env["MASTER_ADDR"]
+    if local_world == world:
+        return "127.0.0.1"  # every rank on this host
+    raise DDTrainError("an MPI launch across several hosts needs MASTER_ADDR (the host of rank 0), "
+                       "e.g. mpirun -x MASTER_ADDR=node01 ...")
+
+
+# In the order detection tries them. MASTER_PORT wins everywhere; otherwise the port comes from
+# the job id (SLURM, Open MPI), so two jobs on one node do not both take 29500; without a job id
+# (MPICH, a plain process) it is 29500: Hydra puts no job id in the environment, so pass
+# -genv MASTER_PORT to run two MPICH jobs on one node.
+LAUNCHERS: dict[str, Launcher] = {launcher.name: launcher for launcher in (
+    Launcher(name="torchrun", command="torchrun (WORLD_SIZE)", rank="RANK", world_size="WORLD_SIZE",
+             local_rank="LOCAL_RANK", local_world_size=("LOCAL_WORLD_SIZE",), job_id=("TORCHELASTIC_RUN_ID",),
+             also_sets=("GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME",
+                        RESTART_COUNT_ENV, "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "MASTER_ADDR",
+                        "MASTER_PORT")),
+    Launcher(name="slurm", command="srun (SLURM_NTASKS)", rank="SLURM_PROCID", world_size="SLURM_NTASKS",
+             local_rank="SLURM_LOCALID", local_world_size=("SLURM_NTASKS_PER_NODE",),
+             job_id=("SLURM_JOB_ID", "SLURM_JOBID"), also_sets=("SLURM_STEP_ID", "SLURM_STEPID"),
+             is_rank=slurm_task, local_world=_slurm_tasks_on_node, master=_slurm_master),
+    Launcher(name="openmpi", command="mpirun (OMPI_COMM_WORLD_SIZE)", rank="OMPI_COMM_WORLD_RANK",
+             world_size="OMPI_COMM_WORLD_SIZE", local_rank="OMPI_COMM_WORLD_LOCAL_RANK",
+             local_world_size=("OMPI_COMM_WORLD_LOCAL_SIZE",), job_id=("OMPI_MCA_ess_base_jobid",),
+             master=_mpi_master),
+    Launcher(name="mpich", command="mpiexec (PMI_SIZE)", rank="PMI_RANK", world_size="PMI_SIZE",
+             local_rank="MPI_LOCALRANKID", local_world_size=("MPI_LOCALNRANKS",), master=_mpi_master),
+)}
+
+
+def launcher_variables() -> tuple[str, ...]:
+    """Every per-rank variable of every launcher (what a process that starts a new job must not pass on)."""
+    names = []
+    for launcher in LAUNCHERS.values():
+        names += [launcher.rank, launcher.world_size, launcher.local_rank, *launcher.local_world_size,
+                  *launcher.also_sets]
+    return tuple(dict.fromkeys(names))
+
+
+def check_variables(env=None) -> None:
+    """Refuse (DDTrainError naming the variable) launcher variables that are not numbers in range.
+
+    Checked for every launcher of ``LAUNCHERS`` whose variables are present, before anything starts.
+    """
+    env = os.environ if env is None else env
+    bounds = [("MASTER_PORT", 1, 65535)]
+    for launcher in LAUNCHERS.values():
+        bounds += [(launcher.rank, 0, None), (launcher.world_size, 1, None), (launcher.local_rank, 0, None),
+                   *((name, 1, None) for name in launcher.local_world_size)]
+    for name, low, high in bounds:
+        raw = env.get(name, "")
+        if raw == "":
+            continue
+        value = _int(env, name)
+        if value < low or (high is not None and value > high):
+            limits = f"from {low} to {high}" if high is not None else f">= {low}"
+            raise DDTrainError(f"environment variable {name}={raw!r} must be {limits}")
+    for launcher in LAUNCHERS.values():
+        rank, world = env.get(launcher.rank, ""), env.get(launcher.world_size, "")
+        if rank != "" and world != "" and int(rank) >= int(world):
+            raise DDTrainError(f"environment variables {launcher.rank}={rank} and {launcher.world_size}={world}: "
+                               f"the rank must be below the world size")
+
+
 def launched(env=None) -> bool:
     """True when a launcher (torchrun, srun, mpirun, mpiexec) started this process as a rank (never raises)."""
     env = os.environ if env is None else env
-    return ("RANK" in env and "WORLD_SIZE" in env) or slurm_task(env) or "OMPI_COMM_WORLD_RANK" in env \
-        or ("PMI_RANK" in env and "PMI_SIZE" in env)
+    return any(launcher.started(env) for launcher in LAUNCHERS.values())
 
 
 def job_port(job_id: str) -> int:
@@ -90,39 +257,11 @@ def job_port(job_id: str) -> int:
 
 
 def detect_env(env=None) -> LaunchEnv:
-    """Read the launcher's variables; a plain process gives a world of one.
-
-    MASTER_PORT wins; otherwise the port comes from the job id (SLURM, Open MPI), so two jobs
-    on one node do not both take 29500; without a job id (MPICH, a plain process) it is 29500.
-    """
+    """Read the variables of the launcher that started this process (``LAUNCHERS``); a plain process is a world of one."""
     env = os.environ if env is None else env
-    if "RANK" in env and "WORLD_SIZE" in env:
-        world = _int(env, "WORLD_SIZE")
-        return LaunchEnv("torchrun", _int(env, "RANK"), world, _int(env, "LOCAL_RANK", 0),
-                         _int(env, "LOCAL_WORLD_SIZE", world),
-                         env.get("MASTER_ADDR", "127.0.0.1"), _int(env, "MASTER_PORT", DEFAULT_PORT),
-                         env.get("TORCHELASTIC_RUN_ID", ""))
-    if slurm_task(env):
-        world = _int(env, "SLURM_NTASKS")
-        job = env.get("SLURM_JOB_ID", env.get("SLURM_JOBID", ""))
-        addr = env.get("MASTER_ADDR") or first_slurm_host(env.get("SLURM_JOB_NODELIST", "127.0.0.1"))
-        local_world = _int(env, "SLURM_NTASKS_PER_NODE", 0) or _slurm_tasks_on_node(env, world)
-        return LaunchEnv("slurm", _int(env, "SLURM_PROCID"), world, _int(env, "SLURM_LOCALID", 0),
-                         local_world, addr, _int(env, "MASTER_PORT", job_port(job)), job)
-    if "OMPI_COMM_WORLD_RANK" in env:
-        world = _int(env, "OMPI_COMM_WORLD_SIZE")
-        job = env.get("OMPI_MCA_ess_base_jobid", "")
-        local_world = _int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", world)
-        return LaunchEnv("openmpi", _int(env, "OMPI_COMM_WORLD_RANK"), world,
-                         _int(env, "OMPI_COMM_WORLD_LOCAL_RANK", 0), local_world,
-                         _mpi_master(env, world, local_world), _int(env, "MASTER_PORT", job_port(job)), job)
-    if "PMI_RANK" in env and "PMI_SIZE" in env:
-        world = _int(env, "PMI_SIZE")
-        local_world = _int(env, "MPI_LOCALNRANKS", world)
-        # Hydra puts no job id in the environment: pass -genv MASTER_PORT to run two jobs on one node.
-        return LaunchEnv("mpich", _int(env, "PMI_RANK"), world, _int(env, "MPI_LOCALRANKID", 0),
-                         local_world, _mpi_master(env, world, local_world),
-                         _int(env, "MASTER_PORT", DEFAULT_PORT))
+    for launcher in LAUNCHERS.values():
+        if launcher.started(env):
+            return launcher.read(env)
     return LaunchEnv("none", 0, 1, 0, 1, "127.0.0.1", _int(env, "MASTER_PORT", DEFAULT_PORT))
 
 
@@ -139,10 +278,8 @@ def check_nproc(nproc: int, env=None) -> str | None:
     launched = detect_env(env)
     if launched.launcher != "none":
         if nproc not in (1, launched.world_size):
-            names = {"slurm": "srun (SLURM_NTASKS)", "torchrun": "torchrun (WORLD_SIZE)",
-                     "openmpi": "mpirun (OMPI_COMM_WORLD_SIZE)", "mpich": "mpiexec (PMI_SIZE)"}
             raise DDTrainError(f"--nproc {nproc}: this process is already rank {launched.rank} of "
-                               f"{launched.world_size} started by {names[launched.launcher]}, which decides "
+                               f"{launched.world_size} started by {LAUNCHERS[launched.launcher].command}, which decides "
                                f"the number of workers; drop --nproc, or start {nproc} tasks with the launcher")
         return None
     if "SLURM_JOB_ID" in env and env.get("SLURM_NTASKS", "").isdigit():
@@ -257,18 +394,3 @@ def restart_store_warning(env=None) -> str | None:
                 f"will not reconnect: use --rdzv-backend c10d with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 in "
                 f"torchrun's environment (on every node), or launch with 'ddtrain train --nnodes ...', which sets it")
     return None
-
-
-def _slurm_tasks_on_node(env, world: int) -> int:
-    tasks = env.get("SLURM_TASKS_PER_NODE", "")  # e.g. "4(x2)" or "2,1"
-    match = re.match(r"(\d+)", tasks)
-    return int(match.group(1)) if match else world
-
-
-def _mpi_master(env, world: int, local_world: int) -> str:
-    if env.get("MASTER_ADDR"):
-        return env["MASTER_ADDR"]
-    if local_world == world:
-        return "127.0.0.1"  # every rank on this host
-    raise DDTrainError("an MPI launch across several hosts needs MASTER_ADDR (the host of rank 0), "
-                       "e.g. mpirun -x MASTER_ADDR=node01 ...")

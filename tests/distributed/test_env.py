@@ -1,7 +1,7 @@
 import pytest
 
 from ddtrain.errors import DDTrainError
-from ddtrain.dist.env import (DEFAULT_PORT, LaunchEnv, check_nproc, detect_env, first_slurm_host, job_port, launched,
+from ddtrain.distributed.env import (DEFAULT_PORT, LaunchEnv, check_nproc, detect_env, first_slurm_host, job_port, launched,
                               local_device, restart_store_warning)
 
 
@@ -27,9 +27,38 @@ def test_slurm_environment_takes_the_first_host_as_master():
 
 
 @pytest.mark.parametrize("nodelist,first", [("node1", "node1"), ("cn[001-004]", "cn001"),
-                                            ("a[7,9],b1", "a7"), ("x-1,y", "x-1")])
+                                            ("a[7,9],b1", "a7"), ("x-1,y", "x-1"),
+                                            ("node-[001-004]-ib", "node-001-ib"), ("rack[1-2]-n[01-04]", "rack1-n01"),
+                                            ("a,b[1-3]", "a"), ("gpu[03-05,9],cpu1", "gpu03")])
 def test_slurm_host_lists(nodelist, first):
     assert first_slurm_host(nodelist) == first
+
+
+# Every documented form of SLURM's host lists (man scontrol, "hostlist expression"), expanded in
+# the order `scontrol show hostnames` prints them (the cases it was run on are in the comments).
+HOSTLISTS = [
+    ("node1", ["node1"]),
+    ("cn[001-003]", ["cn001", "cn002", "cn003"]),
+    ("node-[001-003]-ib", ["node-001-ib", "node-002-ib", "node-003-ib"]),               # suffix after the range
+    ("rack[1-2]-n[01-02]", ["rack1-n01", "rack1-n02", "rack2-n01", "rack2-n02"]),      # two ranges: their product
+    ("a,b[1-3]", ["a", "b1", "b2", "b3"]),                                               # a list of items
+    ("gpu[03-04,9],cpu1", ["gpu03", "gpu04", "gpu9", "cpu1"]),                          # a list inside the brackets
+    ("n[8-11]", ["n8", "n9", "n10", "n11"]),                                             # no padding: widths grow
+    ("n[098-101]", ["n098", "n099", "n100", "n101"]),                                    # padding kept, then outgrown
+]
+
+
+@pytest.mark.parametrize("nodelist,hosts", HOSTLISTS)
+def test_slurm_host_list_expansion(nodelist, hosts):
+    from ddtrain.distributed.env import expand_slurm_hostlist
+    assert expand_slurm_hostlist(nodelist) == hosts
+
+
+@pytest.mark.parametrize("bad", ["n[1-", "n]1[", "n[a-b]", "n[1-2", ",", "n[[1]]"])
+def test_a_slurm_host_list_that_does_not_parse_is_named(bad):
+    from ddtrain.distributed.env import expand_slurm_hostlist
+    with pytest.raises(DDTrainError, match="cannot parse SLURM host list"):
+        expand_slurm_hostlist(bad)
 
 
 def test_open_mpi_and_mpich_environments():
@@ -109,7 +138,7 @@ def test_runtime_init_maps_one_visible_gpu_per_task_to_cuda0(monkeypatch):
     # the srun --gpus-per-task=1 case, through runtime.init with CUDA faked (no GPU here)
     import torch
     import torch.distributed as dist
-    from ddtrain.dist import runtime
+    from ddtrain.distributed import runtime
     monkeypatch.setattr(runtime, "_state", None)
     for name, value in (("is_available", lambda: True), ("device_count", lambda: 1), ("set_device", lambda d: None)):
         monkeypatch.setattr(torch.cuda, name, value)

@@ -3,7 +3,7 @@ shrink to, the launcher's decisions after a loss (run_local replaced by a script
 the rendezvous settings and the membership list carried in the checkpoint directory.
 
 The launches themselves (3 -> 2 local workers, 3 -> 2 emulated nodes) are in
-tests/dist/test_elastic_local.py and tests/integration/test_elastic_cluster.py (slow tier).
+tests/distributed/test_elastic_local.py and tests/integration/test_elastic_cluster.py (slow tier).
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import signal
 import pytest
 
 from ddtrain.config import TrainConfig
-from ddtrain.dist import launch, rendezvous
-from ddtrain.dist.config import DistConfig, size_range
+from ddtrain.distributed import job, launch, rendezvous
+from ddtrain.distributed.config import DistConfig, size_range
 from ddtrain.errors import ConfigError, DDTrainError
 from ddtrain.reliability import ownership
 from helpers import assert_one_clear_error, ddtrain
@@ -155,11 +155,11 @@ def test_elastic_conf_adds_heartbeat_and_last_call_keeping_given_values():
 
 
 def test_attempt_base_counts_earlier_torchruns_once(monkeypatch):
-    monkeypatch.setenv(rendezvous.RESTART_COUNT, "1")
+    monkeypatch.setenv(job.RESTART_COUNT_ENV, "1")
     monkeypatch.setenv(rendezvous.ATTEMPT_BASE_ENV, "2")
     rendezvous.add_attempt_base()
     rendezvous.add_attempt_base()
-    assert os.environ[rendezvous.RESTART_COUNT] == "3" and rendezvous.ATTEMPT_BASE_ENV not in os.environ
+    assert os.environ[job.RESTART_COUNT_ENV] == "3" and rendezvous.ATTEMPT_BASE_ENV not in os.environ
 
 
 def test_membership_list_is_carried_across_attempts_and_reset_by_a_fresh_run(tmp_path, monkeypatch):
@@ -191,9 +191,9 @@ def test_agents_count_every_restart_of_their_workers(monkeypatch):
     SimpleElasticAgent._restart_workers(None, "group")
     assert seen == ["group", "group"] and os.environ[rendezvous.REFORMS_ENV] == "2"
     # the workers started after the second one: attempt 2, although torchrun's count says 0 (no failure)
-    monkeypatch.setenv(rendezvous.RESTART_COUNT, "0")
+    monkeypatch.setenv(job.RESTART_COUNT_ENV, "0")
     rendezvous.add_attempt_base()
-    assert os.environ[rendezvous.RESTART_COUNT] == "2"
+    assert os.environ[job.RESTART_COUNT_ENV] == "2"
 
 
 def test_a_directory_held_by_another_process_of_this_run_is_recognised(tmp_path, monkeypatch):

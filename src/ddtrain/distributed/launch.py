@@ -23,22 +23,17 @@ import threading
 
 from ddtrain.errors import DDTrainError
 
-LAUNCH_ENV_MARKERS = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
 # A rank that stops because rank 0 reports the problem (once) exits with this status, silently.
 PEER_STOPPED_EXIT = 4
 LOST_PEER_EXIT = 5       # a rank whose connection to a failed peer broke (cli._report_unexpected)
 LAUNCHER_PID_ENV = "DDTRAIN_LAUNCHER_PID"   # set by run_local for its workers (die_with_launcher)
 # Why the workers were (re)started at their size, for the membership record (reliability.ownership).
 MEMBERSHIP_REASON_ENV = "DDTRAIN_MEMBERSHIP_REASON"
-# torchrun's per-rank variables: in a process no torchrun started (no TORCHELASTIC_RUN_ID) they are stale.
-TORCHRUN_RANK_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                      "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "TORCHELASTIC_RESTART_COUNT",
-                      "TORCHELASTIC_MAX_RESTARTS")
 
 
 def inside_launcher() -> bool:
     """True when a launcher (torchrun, srun, mpirun) already started this process as a rank."""
-    from ddtrain.dist.env import launched  # an sbatch batch shell has SLURM_PROCID too, but is no task
+    from ddtrain.distributed.env import launched  # an sbatch batch shell has SLURM_PROCID too, but is no task
     return launched()
 
 
@@ -47,7 +42,10 @@ def stale_launch_variables(environ=None) -> list[str]:
     env = os.environ if environ is None else environ
     if "RANK" not in env or env.get("TORCHELASTIC_RUN_ID"):
         return []
-    return [name for name in TORCHRUN_RANK_VARS if name in env]
+    from ddtrain.distributed.env import LAUNCHERS
+    torchrun = LAUNCHERS["torchrun"]  # its per-rank variables: stale in a process no torchrun started
+    names = (torchrun.rank, torchrun.world_size, torchrun.local_rank, *torchrun.local_world_size, *torchrun.also_sets)
+    return [name for name in names if name in env and name not in ("MASTER_ADDR", "MASTER_PORT")]
 
 
 def die_with_launcher() -> None:
@@ -122,7 +120,7 @@ def count_reforms() -> None:
     attempt (rendezvous.add_attempt_base), so a job re-formed for a new node resumes.
     """
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
-    from ddtrain.dist.rendezvous import REFORMS_ENV
+    from ddtrain.distributed.rendezvous import REFORMS_ENV
     original = SimpleElasticAgent._restart_workers
     if getattr(original, "counts_reforms", False):
         return
@@ -177,7 +175,7 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
     else:
         rendezvous = ["--rdzv-backend", "static", "--master-addr", "127.0.0.1", "--master-port", str(port)]
     if nodes is not None:  # ddtrain train --nnodes N --node-rank I --rdzv-endpoint HOST:PORT (env.node_rendezvous)
-        from ddtrain.dist.env import node_rendezvous
+        from ddtrain.distributed.env import node_rendezvous
         rendezvous = node_rendezvous(*nodes, max_restarts=max_restarts)
         if ":" in str(nodes[0]):  # --nnodes MIN:MAX: notice a lost node within seconds
             rendezvous = elastic_conf(rendezvous)
@@ -232,7 +230,7 @@ def run_elastic(sizes: list[int], argv: list[str], *, max_restarts: int = 0, env
     of its own is restarted at the same size while ``max_restarts`` allows (as run_local does).
     Workers are never added back: a local launcher has no new machines to wait for.
     """
-    from ddtrain.dist.rendezvous import ATTEMPT_BASE_ENV
+    from ddtrain.distributed.rendezvous import ATTEMPT_BASE_ENV
     sizes = sorted(set(sizes), reverse=True)
     low, high = limits or (sizes[-1], sizes[0])
     size, attempt, restarts, reason = sizes[0], 0, 0, ""

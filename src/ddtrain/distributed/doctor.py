@@ -177,13 +177,12 @@ def check_job_at_start(timeout_s: float = 60.0) -> None:
     """
     import torch.distributed as dist
 
-    from ddtrain.dist import runtime
+    from ddtrain.distributed import runtime
     from ddtrain.errors import DDTrainError
     if not dist.is_initialized() or runtime.local_world_size() >= dist.get_world_size():
         return
-    from torch.distributed.distributed_c10d import _get_default_store
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-    store = dist.PrefixStore(f"ddtrain-doctor-{attempt}", _get_default_store())
+    from ddtrain.distributed.job import default_store, restart_attempt
+    store = dist.PrefixStore(f"ddtrain-doctor-{restart_attempt()}", default_store())
     verdict = check_at_start(store, dist.get_rank(), dist.get_world_size(), os.environ.get("MASTER_ADDR", "127.0.0.1"),
                              timeout_s)
     if verdict:

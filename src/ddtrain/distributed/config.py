@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from typing import Literal
 
 from ddtrain.errors import ConfigError
 
@@ -52,11 +52,11 @@ def size_range(value, field: str, flag: str | None = None) -> tuple[int, int]:
 class DistConfig:
     """Process group settings."""
 
-    backend: Optional[Literal["gloo", "nccl"]] = None   # override the backend choice (NCCL when every local rank has a GPU)
+    backend: Literal["gloo", "nccl"] | None = None   # override the backend choice (NCCL when every local rank has a GPU)
     timeout: float = DEFAULT_TIMEOUT_S                   # seconds any rank waits on another before failing
-    nnodes: Union[int, str] = 1                          # nodes of a multi-node launch (run the same command on each), or MIN:MAX for an elastic job that goes on with MIN..MAX nodes (needs --max-restarts)
+    nnodes: int | str = 1                          # nodes of a multi-node launch (run the same command on each), or MIN:MAX for an elastic job that goes on with MIN..MAX nodes (needs --max-restarts)
     node_rank: int = 0                                   # this node's index, 0..nnodes-1 (without restarts; with --max-restarts the rendezvous assigns it)
-    rdzv_endpoint: Optional[str] = None                  # HOST:PORT of node 0 for a multi-node launch (every node passes the same)
+    rdzv_endpoint: str | None = None                  # HOST:PORT of node 0 for a multi-node launch (every node passes the same)
     skip_doctor: bool = False                            # skip comparing Python/torch/CUDA/NCCL across nodes at the start of a multi-node job
 
     def __post_init__(self):

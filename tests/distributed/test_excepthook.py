@@ -1,4 +1,4 @@
-"""One traceback per distinct error across ranks (ddtrain.dist.excepthook), in process and under torchrun."""
+"""One traceback per distinct error across ranks (ddtrain.distributed.excepthook), in process and under torchrun."""
 import subprocess
 import sys
 import textwrap
@@ -6,7 +6,7 @@ import textwrap
 import pytest
 import torch.distributed as dist
 
-from ddtrain.dist import excepthook
+from ddtrain.distributed import excepthook
 from helpers import REPO
 from multirank import free_port
 

@@ -1,5 +1,5 @@
 """This process in the job: join the process group, pick device and backend, and answer rank, world
-size and device from then on. The launcher's variables are read by ``ddtrain.dist.env``."""
+size and device from then on. The launcher's variables are read by ``ddtrain.distributed.env``."""
 from __future__ import annotations
 
 import datetime
@@ -11,10 +11,11 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ddtrain.dist.config import default_timeout_s
-from ddtrain.dist import excepthook, rendezvous
-from ddtrain.dist.env import LaunchEnv, detect_env, local_device, restart_store_warning
+from ddtrain.distributed.config import default_timeout_s
+from ddtrain.distributed import excepthook, rendezvous
+from ddtrain.distributed.env import LaunchEnv, detect_env, local_device, restart_store_warning
 from ddtrain.errors import DDTrainError
+from ddtrain.distributed.job import default_store
 
 
 
@@ -71,7 +72,7 @@ def init(*, backend: str | None = None, timeout_s: float | None = None, device: 
         dist.init_process_group(**kwargs)
         owns = True
         if env.world_size > 1:      # one traceback per distinct error, not one per rank
-            excepthook.install(env.rank, dist.distributed_c10d._get_default_store)
+            excepthook.install(env.rank, default_store)
     _state = _State(env, chosen if env.launcher != "none" or dist.is_initialized() else None,
                     dev, timeout_s, owns)
     return env
@@ -187,6 +188,12 @@ def backend() -> str | None:
 
 def timeout_s() -> float:
     return _s().timeout_s
+
+
+def deadline_s() -> float:
+    """The deadline of one wait without joining the job: ddtrain.init()'s timeout once it ran, else
+    DDTRAIN_TIMEOUT_S, else 300 s (collectives called before ``init`` must not start it)."""
+    return _state.timeout_s if _state is not None else default_timeout_s()
 
 
 def launcher() -> str:

@@ -8,7 +8,7 @@ import sys
 import textwrap
 import time
 
-from ddtrain.dist import launch
+from ddtrain.distributed import launch
 
 
 def test_rank_variables_without_torchrun_are_stale():
@@ -68,7 +68,7 @@ WORKER = """
 import os, sys, time
 os.environ["RANK"] = "0"; os.environ["WORLD_SIZE"] = "1"
 os.environ["DDTRAIN_LAUNCHER_PID"] = str(os.getppid())
-from ddtrain.dist import launch
+from ddtrain.distributed import launch
 launch.die_with_launcher()
 print(os.getpid(), flush=True)
 time.sleep(60)

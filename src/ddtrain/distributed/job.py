@@ -1,0 +1,40 @@
+"""The job's facts every package asks about: which attempt of the job this is, and the store all ranks share.
+
+These are the only reads of ``TORCHELASTIC_RESTART_COUNT`` and the only use of torch's private
+accessor of the default group's store; everything else in ddtrain calls ``restart_attempt()`` and
+``default_store()``. The launchers' own variables are in ``ddtrain.distributed.env.LAUNCHERS``.
+"""
+from __future__ import annotations
+
+import os
+
+# torchrun's count of the restarts of this job's workers. ddtrain's agents and elastic launcher
+# raise it to count every re-formation (ddtrain.distributed.rendezvous.add_attempt_base), and the
+# ranks of a multi-node attempt agree on the largest (rendezvous._agree_attempt), so that every
+# per-attempt key (stall, watchdog, doctor, parameter servers) names the same attempt on all ranks.
+RESTART_COUNT_ENV = "TORCHELASTIC_RESTART_COUNT"
+
+
+def restart_attempt(environ=None) -> int:
+    """0 for the first attempt of the job, then 1, 2, ... after each restart of its workers."""
+    env = os.environ if environ is None else environ
+    value = str(env.get(RESTART_COUNT_ENV, "0")).strip()
+    return int(value) if value.isdigit() else 0
+
+
+def set_restart_attempt(attempt: int) -> None:
+    """Record that this process is attempt ``attempt`` (for itself and the processes it starts)."""
+    os.environ[RESTART_COUNT_ENV] = str(int(attempt))
+
+
+def default_store():
+    """The key-value store of the default process group (None when there is no group).
+
+    torch keeps it behind a private accessor; this is the one place that calls it, so a change
+    of torch's name breaks one line.
+    """
+    import torch.distributed as dist
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    from torch.distributed import distributed_c10d
+    return distributed_c10d._get_default_store()

@@ -1,6 +1,6 @@
 """The mutation script stays runnable: every patch applies to today's code, every test it names exists.
 
-``benchmarks/mutation_check.py`` (docs/TESTING.md) is too slow for CI; this checks in
+``tools/mutation_check.py`` (docs/TESTING.md) is too slow for CI; this checks in
 milliseconds what would make it silently useless: a snippet that no longer occurs exactly once
 (the patched line moved or changed) or a test file that was renamed.
 """
@@ -12,7 +12,7 @@ import pytest
 
 from helpers import REPO
 
-spec = importlib.util.spec_from_file_location("mutation_check", REPO / "benchmarks" / "mutation_check.py")
+spec = importlib.util.spec_from_file_location("mutation_check", REPO / "tools" / "mutation_check.py")
 mutation_check = importlib.util.module_from_spec(spec)
 sys.modules["mutation_check"] = mutation_check   # dataclasses look their module up there
 spec.loader.exec_module(mutation_check)
@@ -28,7 +28,7 @@ def test_the_audit_has_19_mutations_13_caught_and_6_survivors():
 def test_each_patch_applies_once_and_its_tests_exist(mutation):
     text = (REPO / mutation.file).read_text()
     assert text.count(mutation.old) == 1, (f"{mutation.name}: the snippet occurs {text.count(mutation.old)} times in "
-                                           f"{mutation.file}; update it in benchmarks/mutation_check.py")
+                                           f"{mutation.file}; update it in tools/mutation_check.py")
     assert mutation.new != mutation.old
     ast.parse(text.replace(mutation.old, mutation.new))   # the mutant still compiles: a catch must be a test's
     for test in mutation.tests:

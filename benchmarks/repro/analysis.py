@@ -11,7 +11,7 @@ import statistics
 
 # ---------------------------------------------------------------- document 002: bytes per node
 
-TCP_PAYLOAD_PER_WIRE = 1448 / 1514   # TCP payload per link-layer byte at MTU 1500 (docs/CLUSTER.md)
+TCP_PAYLOAD_PER_WIRE = 1448 / 1514   # TCP payload per link-layer byte at MTU 1500 (docs/EMULATED_CLUSTER.md)
 
 
 def expected_step_bytes(strategy: str, workers: int, gradient_bytes: int) -> dict:

@@ -172,7 +172,7 @@ def link_lines(result: dict, min_bytes: int = 1 << 20) -> list[str]:
     if not result.get("link_bps"):
         return []
     lines = [f"# busbw / link ({result['link_bps'] / 1e6:g} Mbit/s each way, DDTRAIN_LINK_BPS; TCP payload "
-             f"tops out near 0.956 of it at MTU 1500, docs/CLUSTER.md):"]
+             f"tops out near 0.956 of it at MTU 1500, docs/EMULATED_CLUSTER.md):"]
     for name in dict.fromkeys(r["algorithm"] for r in result["rows"]):
         cells = [(r["size_bytes"], r["busbw_of_link"]) for r in result["rows"]
                  if r["algorithm"] == name and r["size_bytes"] >= min_bytes]

@@ -57,9 +57,9 @@ def add_arguments(parser) -> None:
                                                    "'emulated' for ddtrain cluster run's tbf (0: none)")
     run.add_argument("--codec-times", metavar="FILE", help="JSON with codec_s: {compression: seconds per step} of "
                                                            "the compressors' own work measured where the job runs "
-                                                           "(benchmarks/advise_check.py writes one); used as is")
+                                                           "(experiments/advise_check.py writes one); used as is")
     link.add_argument("--calibration", help="a JSON file with alpha_s and beta_s_per_byte (a loaded fit written "
-                                            "by benchmarks/advise_check.py, or a bench collectives --json)")
+                                            "by experiments/advise_check.py, or a bench collectives --json)")
     choice = parser.add_argument_group("the choices")
     choice.add_argument("--strategies", help="strategies to compare (default: every one the model predicts)")
     choice.add_argument("--compressions", default=DEFAULT_COMPRESSIONS, help="gradient compressions to compare")

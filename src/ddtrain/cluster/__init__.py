@@ -8,7 +8,7 @@ the bottleneck (as in the documents: 10 GbE in 000, shared Ethernet in 001, clou
 ``ddtrain cluster run --nodes 4 --link 200mbit -- ddtrain …`` is the same from the shell.
 Inside the ranks, ``link_rate_bps()`` is the emulated link rate (the physical limit), and
 ``link_fraction(bytes_per_s=…)`` turns any measured bandwidth into a fraction of it.
-docs/CLUSTER.md has the layout, the tc parameters and what the figures mean.
+docs/EMULATED_CLUSTER.md has the layout, the tc parameters and what the figures mean.
 """
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ def format_rate(bps: float) -> str:
 
 
 def tbf_params(bps: int) -> dict:
-    """burst and queue limit (bytes) for a tbf of ``bps``: see docs/CLUSTER.md for why these.
+    """burst and queue limit (bytes) for a tbf of ``bps``: see docs/EMULATED_CLUSTER.md for why these.
 
     burst: 4 ms of tokens (at least 64 KiB, one TSO/GSO super-packet), so a dequeue that the
     softirq runs a few ms late on a busy 2-core machine does not waste tokens, and TCP keeps

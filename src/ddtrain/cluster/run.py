@@ -178,7 +178,7 @@ def node_env(cluster: netns.Cluster, node: netns.Node, procs_per_node: int, extr
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS}
     if max_restarts:
         # Read by every node's agent when it starts: a store shared by agent and workers keeps the
-        # dead attempt's addresses and a restarted group cannot connect (docs/CLUSTERS.md, Restarts).
+        # dead attempt's addresses and a restarted group cannot connect (docs/RELIABILITY.md, Restarts).
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         # All agents are one run: they may hold the same checkpoint directory (reliability.ownership).
         env.setdefault("DDTRAIN_RUN_ID", f"cluster-{cluster.run_id}")

@@ -9,7 +9,7 @@ tree (whole-buffer messages below the burst) stayed ahead of the ring far longer
 model allowed (docs/REPRODUCING.md, "Tree and butterfly against ring").
 
 The rate seen by the payload is the link rate times TCP's payload share (0.956 at MTU 1500:
-docs/CLUSTER.md); ``link_beta`` gives that β.
+docs/EMULATED_CLUSTER.md); ``link_beta`` gives that β.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from ddtrain.errors import DDTrainError
 
-TCP_PAYLOAD_SHARE = 0.956    # payload bytes / wire bytes of full TCP segments at MTU 1500 (docs/CLUSTER.md)
+TCP_PAYLOAD_SHARE = 0.956    # payload bytes / wire bytes of full TCP segments at MTU 1500 (docs/EMULATED_CLUSTER.md)
 BURST_S = 0.004              # tbf burst: 4 ms of tokens ...
 MIN_BURST_BYTES = 64 * 1024  # ... but at least one 64 KiB GSO super-packet (cluster.netns.tbf_params)
 

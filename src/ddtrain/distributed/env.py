@@ -4,7 +4,7 @@ Reads the environment of torchrun (``RANK``/``WORLD_SIZE``/``LOCAL_RANK``), SLUR
 (``SLURM_PROCID``/``SLURM_NTASKS``/``SLURM_LOCALID``, only in a job step: an ``sbatch`` batch
 shell is not a task), Open MPI (``OMPI_COMM_WORLD_*``) and MPICH/Hydra
 (``PMI_RANK``/``PMI_SIZE``/``MPI_LOCALRANKID``). With none of them the process is a world of
-one and never touches a process group. docs/CLUSTERS.md says what each variable does.
+one and never touches a process group. docs/LAUNCHERS.md says what each variable does.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Every number in the docs against the raw files named beside it: writes results/claims/checklist.md.
 
-    python benchmarks/check_claims.py            # writes the checklist, prints the summary
-    python benchmarks/check_claims.py --strict   # exit 1 if a number is neither found nor annotated
+    python tools/check_claims.py            # writes the checklist, prints the summary
+    python tools/check_claims.py --strict   # exit 1 if a number is neither found nor annotated
 
 For each document, each section (a heading and its text, plus the text of the sections above
 it) names its raw files: paths under ``results/`` (globs allowed), or bare file names of a
@@ -143,7 +143,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     notes = load_notes()
     out = ["# Numbers in the docs and the raw files they come from", "",
-           "Written by `python benchmarks/check_claims.py` (see its docstring for the rules). Status: **found** "
+           "Written by `python tools/check_claims.py` (see its docstring for the rules). Status: **found** "
            "(a number in the named raw file rounds to it), **note** (reviewed by hand: the note says why it has "
            "no raw file of its own), **unchecked** (neither: to fix). "
            "Documents: README.md and every docs/*.md.", "",

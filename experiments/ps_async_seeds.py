@@ -1,8 +1,8 @@
 """ps-async against ps-sync over 5 seeds, with the settings every other strategy trains well with (issue 21).
 
-    python3 benchmarks/ps_async_seeds.py                       # writes results/ps_async/seeds.json
-    python3 benchmarks/ps_async_seeds.py --seeds 0 1 --out /tmp/seeds.json
-    python3 benchmarks/ps_async_seeds.py --variants "ps-async momentum" --out results/ps_async/momentum.json
+    python3 experiments/ps_async_seeds.py                       # writes results/ps_async/seeds.json
+    python3 experiments/ps_async_seeds.py --seeds 0 1 --out /tmp/seeds.json
+    python3 experiments/ps_async_seeds.py --variants "ps-async momentum" --out results/ps_async/momentum.json
 
 MLP on the bundled 8x8 digits, 2 workers + 1 server (``ddtrain train --nproc 3``), lr 0.1,
 batch 32, 4 epochs, momentum 0.9, staleness 4; by default ps-sync, ps-async with its default

@@ -1,6 +1,6 @@
 """Run every hostile-input case of docs/RELIABILITY.md for real and record what the user sees.
 
-    python3 benchmarks/hostile_cases.py [--out results/hostile] [--jobs 2] [--only SUBSTRING]
+    python3 tools/hostile_cases.py [--out results/hostile] [--jobs 2] [--only SUBSTRING]
 
 Each case is one ``ddtrain`` command (or two, for cases that need a run in progress) in a scratch
 folder ``T`` built here: bad data files, image folders with links and FIFOs, checkpoint folders,
@@ -678,7 +678,7 @@ def main() -> int:
     summary = {v: sum(r["verdict"] == v for r in results) for v in ("ok", "silent-wrong", "hang", "traceback", "unexpected")}
     meta = {"cases": len(results), "summary": summary, "python": sys.version.split()[0],
             "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "cores": os.cpu_count(),
-            "command": "python3 benchmarks/hostile_cases.py" + (f" --only {args.only}" if args.only else "")}
+            "command": "python3 tools/hostile_cases.py" + (f" --only {args.only}" if args.only else "")}
     (out / "cases.json").write_text(json.dumps({"meta": meta, "cases": results}, indent=1) + "\n")
     rows = ["| # | group | input | what the user sees | exit | s | verdict | test |", "|---:|---|---|---|---:|---:|---|---|"]
     for r in results:

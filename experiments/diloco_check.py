@@ -1,8 +1,8 @@
 """DiLoCo-style local SGD against ddp on MNIST (issue 19, acceptance 4): accuracy within 1 point, >= 10x fewer bytes.
 
-    python3 benchmarks/diloco_check.py accuracy    # 4 local ranks, 3 seeds: results/diloco/accuracy.json
-    python3 benchmarks/diloco_check.py cluster     # 4 emulated nodes at 100 Mbit/s (root): results/diloco/cluster_100mbit.json
-    python3 benchmarks/diloco_check.py cluster --methods ddp diloco adaptive --epochs 2 --out /tmp/c.json
+    python3 experiments/diloco_check.py accuracy    # 4 local ranks, 3 seeds: results/diloco/accuracy.json
+    python3 experiments/diloco_check.py cluster     # 4 emulated nodes at 100 Mbit/s (root): results/diloco/cluster_100mbit.json
+    python3 experiments/diloco_check.py cluster --methods ddp diloco adaptive --epochs 2 --out /tmp/c.json
 
 Both: ``ddtrain train`` of the mlp (784-128-128-10) on MNIST's t10k file (the one in
 /work/shared/data/mnist: 8,000 images train, the other 2,000 validate, ``--val-fraction 0.2``),
@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from train_record import train, write_result   # benchmarks/train_record.py (the scripts run from benchmarks/)
+from train_record import train, write_result   # experiments/train_record.py, beside this script
 
 REPO = Path(__file__).resolve().parent.parent
 MNIST = "/work/shared/data/mnist"

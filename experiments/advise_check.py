@@ -1,7 +1,7 @@
 """Check ``ddtrain advise`` against measurement in the emulated cluster: its top 3 and the baseline, as real runs.
 
-    sudo python benchmarks/advise_check.py --out results/advise                 # 100mbit and 1gbit, ResNet-18
-    sudo python benchmarks/advise_check.py --out /tmp/a --rates 1gbit --model mlp --data mnist --steps 8
+    sudo python experiments/advise_check.py --out results/advise                 # 100mbit and 1gbit, ResNet-18
+    sudo python experiments/advise_check.py --out /tmp/a --rates 1gbit --model mlp --data mnist --steps 8
 
 For each link rate, on 4 emulated nodes (one rank each; every node shares this host's cores):
 
@@ -30,7 +30,7 @@ Writes ``check_<rate>.json`` (every run's record path, predictions, measurements
 ``--reanalyse`` recomputes all of it from the saved records (no cluster).
 Needs root (the cluster); the records of every run stay under ``<out>/runs/``.
 
-    python benchmarks/advise_check.py --crossover --out results/advise      # no cluster: committed files only
+    python experiments/advise_check.py --crossover --out results/advise      # no cluster: committed files only
 
 ``--crossover`` re-reads the committed collectives of document 001's reproduction
 (results/cluster/doc001/collectives-{4,8}.json: every algorithm, 256 B to 8 MiB, 200 Mbit/s) and
@@ -457,7 +457,7 @@ def table(results: list[dict]) -> str:
 
 def crossover_report(out: Path) -> str:
     """Old and new model against the measured crossovers of results/cluster/doc001 (see the module docstring)."""
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "repro"))
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks" / "repro"))
     from analysis import crossover
 
     from ddtrain.costmodel.alphabeta import LinkParams, predict_time
@@ -513,7 +513,7 @@ def crossover_report(out: Path) -> str:
     text = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
     (out / "crossover.json").write_text(json.dumps(report, indent=2, default=str) + "\n")
-    (out / "crossover.txt").write_text("$ python benchmarks/advise_check.py --crossover --out " + str(out) + "\n"
+    (out / "crossover.txt").write_text("$ python experiments/advise_check.py --crossover --out " + str(out) + "\n"
                                        + text + "\n")
     return text
 
@@ -574,7 +574,7 @@ def main() -> int:
 
 def write_overlap(results: list[dict], out: Path, log) -> None:
     text = overlap_table(results)
-    (out / "check_overlap.txt").write_text(f"$ python benchmarks/advise_check.py --reanalyse --out {out}\n" + text + "\n")
+    (out / "check_overlap.txt").write_text(f"$ python experiments/advise_check.py --reanalyse --out {out}\n" + text + "\n")
     log(text)
 
 

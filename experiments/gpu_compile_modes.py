@@ -1,6 +1,6 @@
 """torch.compile's modes and options on the one-GPU ResNet-50 step, each in a hand-written loop (issue 20).
 
-    PYTHONPATH=src:benchmarks python benchmarks/gpu_compile_modes.py --out results/.../modes.json
+    PYTHONPATH=src python experiments/gpu_compile_modes.py --out results/gpu1_issue20/modes.json
 
 Same case as gpu_defaults.py (ResNet-50, batch 256, bf16, channels-last, GPU-resident batches);
 one fresh model per variant, compiled with that variant's mode/options; prints the first step's
@@ -12,10 +12,13 @@ import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+# gpu_single.py (the one-GPU benchmark these variants build on) lives in benchmarks/
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from gpu_single import fresh_model, make_data, sync
 
 VARIANTS = {

@@ -1,7 +1,7 @@
 """Which GPU defaults a library that owns the loop should apply: each measured on and off, in one run,
 against an independent hand-written loop (issue 20, point 3).
 
-    PYTHONPATH=src:benchmarks python benchmarks/gpu_defaults.py --out results/h100_defaults/defaults.json
+    PYTHONPATH=src python experiments/gpu_defaults.py --out results/gpu1_issue20/defaults5.json
 
 One case: ResNet-50, batch 256, bf16 autocast, channels-last, torch.compile, GPU-resident synthetic
 data (the case of docs/PERFORMANCE.md "One GPU"). Variants of ``ddtrain.fit`` (strategy ddp at world
@@ -20,7 +20,7 @@ rounds, median images/s per variant:
 
 Earlier variants (inductor options patched around fit, which did not reach the compiler) are in
 results/gpu1_issue20/defaults*.json; torch.compile's modes in a hand-written loop are
-benchmarks/gpu_compile_modes.py.
+experiments/gpu_compile_modes.py.
 Compiled graphs are shared through inductor's cache, so only the first variant pays compilation.
 """
 from __future__ import annotations
@@ -29,12 +29,15 @@ import argparse
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
 import ddtrain
 from ddtrain import TrainConfig, fit
 from ddtrain.data import Data
+# gpu_single.py (the one-GPU benchmark these variants build on) lives in benchmarks/
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from gpu_single import StepTimer, batches_that_fit, fresh_model, make_data, time_plain
 
 CASE = ("resnet50 bf16 cl compile", "resnet50", (3, 224, 224), 1000, 256, "bf16", True, True)

@@ -1,6 +1,6 @@
 """Is the step split right on a GPU? Two cases whose truth is known, through ``fit`` with ``--profile``.
 
-    PYTHONPATH=src:benchmarks python benchmarks/gpu_split_check.py --out results/h100_split/split.json
+    PYTHONPATH=src python experiments/gpu_split_check.py --out results/gpu1_issue20/split.json
 
   resident  ResNet-50, batch 256, bf16, channels-last, synthetic data already on the GPU: the GPU
             never waits for data, so the data wait must be near 0 (issue 20: < 2 % of the step);
@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 import torch
 from torch.utils.data import Dataset
@@ -26,6 +27,8 @@ from ddtrain import TrainConfig, fit
 from ddtrain.data import Data
 from ddtrain.data.arrays import ArrayDataset
 from ddtrain.observe import profiler
+# gpu_single.py (the one-GPU benchmark these variants build on) lives in benchmarks/
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from gpu_single import batches_that_fit, fresh_model, make_data
 
 

@@ -1,8 +1,8 @@
 """--compression checked two ways (issue 19, acceptance 1): accuracy against uncompressed, and speed on a slow link.
 
-    python3 benchmarks/compression_check.py accuracy     # writes results/compression/accuracy.json
-    python3 benchmarks/compression_check.py speed        # writes results/compression/speed_100mbit.json (root: netns)
-    python3 benchmarks/compression_check.py accuracy --seeds 0 --methods none fp16 --out /tmp/acc.json
+    python3 experiments/compression_check.py accuracy     # writes results/compression/accuracy.json
+    python3 experiments/compression_check.py speed        # writes results/compression/speed_100mbit.json (root: netns)
+    python3 experiments/compression_check.py accuracy --seeds 0 --methods none fp16 --out /tmp/acc.json
 
 accuracy: simple-cnn on the bundled 8x8 digits, 2 workers (``ddtrain train --nproc 2``,
 strategy ddp), batch 32 per rank, lr 0.05, momentum 0.9, 6 epochs, seeds 0 1 2; every
@@ -26,7 +26,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from train_record import train, write_result   # benchmarks/train_record.py (the scripts run from benchmarks/)
+from train_record import train, write_result   # experiments/train_record.py, beside this script
 
 REPO = Path(__file__).resolve().parent.parent
 ACCURACY = ["--nproc", "2", "--strategy", "ddp", "--model", "simple-cnn", "--data", "digits", "--batch-size", "32",

@@ -1,9 +1,9 @@
 """Deliberate bugs against the test suite: each mutation applied to a copy, its targeted tests run, caught or not.
 
-    python benchmarks/mutation_check.py                       # all mutations, a copy of HEAD
-    python benchmarks/mutation_check.py --only hybrid-never-broadcasts resume-retrains-from-step-0
-    python benchmarks/mutation_check.py --source worktree     # a copy of the working tree instead
-    python benchmarks/mutation_check.py --list                # what each mutation changes, and its tests
+    python tools/mutation_check.py                       # all mutations, a copy of HEAD
+    python tools/mutation_check.py --only hybrid-never-broadcasts resume-retrains-from-step-0
+    python tools/mutation_check.py --source worktree     # a copy of the working tree instead
+    python tools/mutation_check.py --list                # what each mutation changes, and its tests
 
 Issue 21's audit: 19 mutations, of which 13 were caught and 6 survived (the tests passed with
 the bug in). Each mutation here is a small textual patch (file, old snippet, new snippet) and the
@@ -254,7 +254,7 @@ def main(argv=None) -> int:
     print(table(rows))
     record = {"source": described, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "machine": f"{platform.machine()} {os.cpu_count()} CPUs", "python": platform.python_version(),
-              "torch": _torch_version(), "command": " ".join(["python", "benchmarks/mutation_check.py",
+              "torch": _torch_version(), "command": " ".join(["python", "tools/mutation_check.py",
                                                               *(argv if argv is not None else sys.argv[1:])]),
               "baseline": baseline, "mutations": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Parameter servers on NCCL (ResNet-50 scaling cells), after the peer pre-connection fix:
-#   bash benchmarks/gpu_ps_check.sh OUTDIR [STRATEGY] [SERVERS]   (default ps-sync, 1 server: 1..N-1 workers)
+#   bash experiments/gpu_ps_check.sh OUTDIR [STRATEGY] [SERVERS]   (default ps-sync, 1 server: 1..N-1 workers)
 set -uo pipefail
 out=${1:-/tmp/r}; strategy=${2:-ps-sync}; servers=${3:-1}; mkdir -p "$out"
 export PYTHONPATH=$PWD/src PYTHONUNBUFFERED=1 TORCH_NCCL_SHOW_EAGER_INIT_P2P_SERIALIZATION_WARNING=false

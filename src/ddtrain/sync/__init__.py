@@ -2,8 +2,8 @@
 
     ddp                  DDP with the backend's own all-reduce (the default)              ddp.py
     ring, ring-async,    DDP with that ddtrain.comm all-reduce as the communication       allreduce.py
-    tree, butterfly,     hook (bucketing and overlap kept)
-    central
+    tree, butterfly,     hook (bucketing and overlap kept); one per algorithm in
+    central              ddtrain.comm.ALGORITHMS but native (ddp's)
     ps-sync, ps-async    parameter servers on the last --servers ranks                   ps/
     hybrid               ring every step + rank 0's broadcast every K steps (000 ch. 5)   hybrid.py   } periodic.py
     local-sgd            local steps, parameters averaged every K steps                   local_sgd.py}
@@ -18,6 +18,7 @@ from functools import partial
 
 import torch.distributed as dist
 
+from ddtrain import comm
 from ddtrain.distributed import runtime
 from ddtrain.errors import DDTrainError, choice_error
 from ddtrain.sync.allreduce import AllReduceStrategy, build_ddp
@@ -43,7 +44,7 @@ for _spec in (
     *(StrategySpec(name=name, build=partial(AllReduceStrategy, algorithm=name), sync_in_backward=True, algorithm=name,
                    options=("compression",), summary=f"DDP with ddtrain's {name} all-reduce as its communication hook",
                    sends="gradient")
-      for name in ("ring", "ring-async", "tree", "butterfly", "central")),
+      for name in comm.ALGORITHMS if name != "native"),   # every algorithm of ddtrain.comm; native's is ddp
     StrategySpec(name="ps-sync", build=partial(build_param_server, asynchronous=False), uses_servers=True,
                  options=("servers", "timeout_s", "compression"),
                  replicated=False, algorithm="central",  # the master pattern over workers + servers; checkpoints

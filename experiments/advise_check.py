@@ -51,6 +51,8 @@ import sys
 import time
 from pathlib import Path
 
+from ddtrain.bench import advise as advice_lib
+from ddtrain.bench import measure
 from ddtrain.cli import advise as advise_cli
 from ddtrain.cluster.netns import parse_rate
 from ddtrain.costmodel import advise
@@ -98,14 +100,14 @@ def codec_worker(a) -> int:
     on the threads a training rank has; rank 0 writes the slowest rank's median per compression."""
     import torch.distributed as dist
     dist.init_process_group("gloo")
-    shapes = advise_cli.model_shapes(argparse.Namespace(model=a.model, params=None, data=a.data))
+    shapes = advice_lib.model_shapes(model=a.model, data=a.data)
     specs = [c for c in a.compressions.split(",") if c and c != "none"]
     # a group of each rank alone: the compressors' collectives then send nothing (their own work only)
     alone = [dist.new_group([r]) for r in range(dist.get_world_size())][dist.get_rank()]
     mine = {}
     for spec in specs:
         dist.barrier()
-        mine.update(advise_cli.time_codecs([spec], shapes, group=alone))
+        mine.update(measure.time_codecs([spec], shapes, group=alone))
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     if dist.get_rank() == 0:
@@ -146,7 +148,7 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
     nosync = train(out, rate, "compute", ["--strategy", "local-sgd", "--sync-every", "100000"], model=a.model,
                    data=a.data, **common)
     compute = measured_step(nosync, periodic=False)
-    alone = advise_cli.measure_step(argparse.Namespace(model=a.model, data=a.data, batch_size=a.batch_size))
+    alone = measure.measure_step(a.model, a.data, a.batch_size)
     compute_ratio = compute["step_s"] / alone
     log(f"# compute step: {1e3 * compute['step_s']:.1f} ms in the cluster, {1e3 * alone:.1f} ms alone here "
         f"(ratio {compute_ratio:.2f})")
@@ -197,12 +199,13 @@ def check_rate(rate: str, a, out: Path, log) -> dict:
     parser = argparse.ArgumentParser()
     advise_cli.add_arguments(parser)
     args = parser.parse_args(argv)
-    advice = advise_cli.build_advice(args)
+    advice = advice_lib.build_advice(advise_cli.request_of(args))
     predictions = advice.pop("predictions")
     (out / f"advice_{rate}.json").write_text(json.dumps(advice, indent=2) + "\n")
-    (out / f"advice_{rate}.txt").write_text(f"$ ddtrain advise {' '.join(argv)}\n" + advise_cli.render(advice) + "\n")
-    log(advise_cli.render(advice, top=10))
-    workload = advise.Workload(shapes=advise_cli.model_shapes(args), workers=NODES, batch_size=a.batch_size,
+    (out / f"advice_{rate}.txt").write_text(f"$ ddtrain advise {' '.join(argv)}\n" + advice_lib.render(advice) + "\n")
+    log(advice_lib.render(advice, top=10))
+    shapes = advice_lib.model_shapes(args.model, args.params, args.data)
+    workload = advise.Workload(shapes=shapes, workers=NODES, batch_size=a.batch_size,
                                compute_s=compute["step_s"], backward_share=backward_share(nosync))
     network = advise.Network(alpha_s=fit.alpha_s, bucket=bucket, codec_s=codec_times(advice),
                              cpu_factor=advice["network"]["cpu_factor"],
@@ -302,8 +305,7 @@ def annotate_same_run(res: dict, out: Path) -> dict:
     rate = res["rate"]
     advice = json.loads((out / f"advice_{rate}.json").read_text())
     loaded = json.loads((out / f"loaded_{rate}.json").read_text())["loaded"]
-    shapes = advise_cli.model_shapes(argparse.Namespace(model=res.get("model", "resnet18"), params=None,
-                                                        data=res.get("data", "cifar10")))
+    shapes = advice_lib.model_shapes(model=res.get("model", "resnet18"), data=res.get("data", "cifar10"))
     bucket = TokenBucket(burst_bytes=loaded["burst_bytes"], beta_s_per_byte=loaded["beta_s_per_byte"])
     fields = {r["label"]: r for r in advice["ranked"]}
     # codec times measured in the cluster are used as they are; timed here alone, scaled by R/C
@@ -527,8 +529,8 @@ def main() -> int:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=4, help="first steps left out (PowerSGD warms up for 2)")
-    parser.add_argument("--compressions", default=advise_cli.DEFAULT_COMPRESSIONS)
-    parser.add_argument("--sync-every", default=advise_cli.DEFAULT_INTERVALS)
+    parser.add_argument("--compressions", default=advice_lib.DEFAULT_COMPRESSIONS)
+    parser.add_argument("--sync-every", default=advice_lib.DEFAULT_INTERVALS)
     parser.add_argument("--crossover", action="store_true", help="only the crossover comparison over committed files")
     parser.add_argument("--codec-worker", action="store_true", help=argparse.SUPPRESS)   # inside cluster run
     parser.add_argument("--codec-out", help=argparse.SUPPRESS)

@@ -1,6 +1,7 @@
 """The terms the cost model learned: message schedules, the token bucket, α under load, ranks sharing a host.
 
-Pure functions checked against hand-computed values and against ``ddtrain.comm``'s own cost formulas.
+Pure functions checked against hand-computed values and against ``ddtrain.comm``'s own cost formulas; the
+schedules and link-sharing rules are each algorithm's own (its ``Algorithm`` record), read by name.
 """
 import math
 
@@ -11,11 +12,18 @@ from ddtrain.cluster.netns import tbf_params
 from ddtrain.costmodel import schedule
 from ddtrain.costmodel.burst import (TCP_PAYLOAD_SHARE, TokenBucket, burst_saving_s, emulated_burst_bytes, link_beta,
                                      transfer, transfer_time)
-from ddtrain.costmodel.contention import cpu_slowdown, link_share_factor, shared_compute_s
+from ddtrain.costmodel.contention import cpu_slowdown, shared_compute_s
 from ddtrain.costmodel.loaded import CommSample, allreduce_seconds, fit_loaded
 from ddtrain.errors import DDTrainError
 
-ALGORITHMS = ("native", "ring", "ring-async", "tree", "butterfly", "central")
+# every registered algorithm that carries both a schedule and a formula (ours: all six)
+ALGORITHMS = tuple(name for name, record in comm.ALGORITHMS.items() if record.steps and record.time)
+
+
+def test_every_algorithm_of_ours_carries_its_cost():
+    assert set(ALGORITHMS) >= {"native", "ring", "ring-async", "tree", "butterfly", "central"}
+    for name in ALGORITHMS:
+        assert comm.ALGORITHMS[name].missing_cost() == [] and schedule.missing(name) == []
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
@@ -29,6 +37,24 @@ def test_schedule_sums_to_the_comm_formula(algorithm, ranks, nbytes):
     assert sum(alpha + m * beta for m in steps) == pytest.approx(formula, rel=1e-12, abs=1e-15)
 
 
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("ranks", [2, 3, 4, 6, 7])
+def test_the_adds_charged_under_load_are_the_formulas(algorithm, ranks):
+    # with α = β = 0 (no link time) the load model's seconds are its γ term alone: the formula's
+    nbytes, gamma = 1e6, 3e-9
+    free = TokenBucket(burst_bytes=0, beta_s_per_byte=0.0)
+    seconds = allreduce_seconds(algorithm, nbytes, ranks, alpha_s=0.0, bucket=free, gamma_s_per_byte=gamma)
+    assert seconds == pytest.approx(comm.ALGORITHMS[algorithm].time(nbytes, ranks, 0.0, 0.0, gamma), rel=1e-12)
+
+
+def test_added_bytes_by_hand():
+    assert schedule.added_bytes("ring", 800, 4) == 600               # (p-1)/p of the buffer, added once
+    assert schedule.added_bytes("tree", 800, 5) == 3 * 800           # the root adds one buffer per level
+    assert schedule.added_bytes("central", 800, 4) == 3 * 800        # the root adds p-1 buffers
+    # 6 ranks: the 2 extra fold their buffer into a partner (800), then a 4-rank butterfly adds 3/4 of it
+    assert schedule.added_bytes("butterfly", 800, 6) == 800 + 600
+
+
 def test_schedule_by_hand():
     assert schedule.steps("ring", 800, 4) == [200] * 6
     assert schedule.steps("tree", 800, 4) == [800] * 4          # 2·ceil(log2 4) levels
@@ -39,7 +65,7 @@ def test_schedule_by_hand():
 
 
 def test_schedule_refuses_unknown_and_negative():
-    with pytest.raises(DDTrainError, match="known: "):
+    with pytest.raises(DDTrainError, match="carrier-pigeon.*valid: .*ring"):
         schedule.steps("carrier-pigeon", 10, 2)
     with pytest.raises(DDTrainError, match=">= 0 bytes"):
         schedule.steps("ring", -1, 2)
@@ -85,13 +111,16 @@ def test_cpu_slowdown_by_hand():
 
 
 def test_link_share_by_hand():
-    assert link_share_factor("ring", 8, 2) == 1.0         # one hop per node crosses the link in a ring
-    assert link_share_factor("tree", 8, 2) == 2.0
-    assert link_share_factor("butterfly", 8, 4) == 4.0
-    assert link_share_factor("central", 8, 2) == pytest.approx(6 / 7)
-    assert link_share_factor("tree", 8, 1) == 1.0
-    with pytest.raises(DDTrainError, match="divide"):
-        link_share_factor("ring", 8, 3)
+    assert schedule.link_share("ring", 8, 2) == 1.0         # one hop per node crosses the link in a ring
+    assert schedule.link_share("native", 8, 4) == 1.0       # Gloo's, modelled as a ring
+    assert schedule.link_share("tree", 8, 2) == 2.0
+    assert schedule.link_share("butterfly", 8, 4) == 4.0
+    assert schedule.link_share("central", 8, 2) == pytest.approx(6 / 7)
+    assert schedule.link_share("tree", 8, 1) == 1.0
+    assert schedule.link_share("tree", 4, 4) == 1.0         # all on one node: no link crossed
+    for name in ALGORITHMS:
+        with pytest.raises(DDTrainError, match="divide"):
+            schedule.link_share(name, 8, 3)
 
 
 def test_fit_loaded_recovers_alpha_with_the_bucket():

@@ -24,7 +24,7 @@ import math
 
 import torch
 
-from ddtrain.comm.algorithm import Algorithm, trivial_cost
+from ddtrain.comm.algorithm import Algorithm, link_shared, trivial_cost
 from ddtrain.comm.ops import combine_, run_all_reduce
 from ddtrain.comm.p2p import Comm, sendrecv
 
@@ -107,5 +107,26 @@ def butterfly_time(nbytes: float, ranks: int, alpha: float, beta: float, gamma: 
     return time
 
 
-ALGORITHM = Algorithm(name="butterfly", all_reduce=all_reduce, time=butterfly_time,
+def butterfly_steps(nbytes: float, ranks: int) -> list[float]:
+    """Recursive halving then doubling over the largest power of two p' ≤ p: n/2, n/4, ..., n/p', then back up.
+
+    The p − p' extra ranks first hand their whole buffer to a partner and get the result back at
+    the end: one step of n before and one after.
+    """
+    if trivial_cost(nbytes, ranks):
+        return []
+    core = 1 << (ranks.bit_length() - 1)
+    halving = [nbytes / (1 << (i + 1)) for i in range(int(math.log2(core)))]
+    extra = [float(nbytes)] if core != ranks else []
+    return extra + halving + halving[::-1] + extra
+
+
+def butterfly_link_share(ranks: int, procs_per_node: int) -> float:
+    """``procs_per_node``: in the steps whose partner is on another node, every rank of a node sends across its link
+    at the same time, so up to that many flows share it."""
+    return float(procs_per_node) if link_shared(ranks, procs_per_node) else 1.0
+
+
+ALGORITHM = Algorithm(name="butterfly", all_reduce=all_reduce, time=butterfly_time, steps=butterfly_steps,
+                      link_share=butterfly_link_share,
                       summary="recursive-halving reduce-scatter, recursive-doubling all-gather (Rabenseifner)")

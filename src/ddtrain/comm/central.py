@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ddtrain.comm.algorithm import Algorithm, trivial_cost
+from ddtrain.comm.algorithm import Algorithm, link_shared, trivial_cost
 from ddtrain.comm.ops import combine_, run_all_reduce
 from ddtrain.comm.p2p import Comm, sendrecv
 
@@ -53,5 +53,19 @@ def central_time(nbytes: float, ranks: int, alpha: float, beta: float, gamma: fl
     return 2 * (p - 1) * (alpha + nbytes * beta) + (p - 1) * nbytes * gamma
 
 
-ALGORITHM = Algorithm(name="central", all_reduce=all_reduce, time=central_time,
+def central_steps(nbytes: float, ranks: int) -> list[float]:
+    """2(p−1) steps of the whole buffer: the root receives the p−1 buffers one after another, then sends p−1."""
+    if trivial_cost(nbytes, ranks):
+        return []
+    return [float(nbytes)] * (2 * (ranks - 1))
+
+
+def central_link_share(ranks: int, procs_per_node: int) -> float:
+    """(p − procs_per_node)/(p − 1): of the root's p−1 sequential transfers only those of the ranks off its node cross
+    its link."""
+    return (ranks - procs_per_node) / (ranks - 1) if link_shared(ranks, procs_per_node) else 1.0
+
+
+ALGORITHM = Algorithm(name="central", all_reduce=all_reduce, time=central_time, steps=central_steps,
+                      link_share=central_link_share,
                       summary="every rank sends to rank 0, which reduces and sends the result back")

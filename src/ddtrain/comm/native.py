@@ -18,6 +18,7 @@ from ddtrain.comm import traffic
 from ddtrain.comm.algorithm import Algorithm
 from ddtrain.comm.ops import run_all_reduce
 from ddtrain.comm.p2p import Comm, CommError
+from ddtrain.comm.ring import ring_link_share, ring_steps
 from ddtrain.comm.ring_async import ring_async_time
 
 REDUCE_OP = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT,
@@ -66,5 +67,7 @@ def native_time(nbytes: float, ranks: int, alpha: float, beta: float, gamma: flo
     return ring_async_time(nbytes, ranks, alpha, beta, gamma)
 
 
-ALGORITHM = Algorithm(name="native", all_reduce=all_reduce, time=native_time,
+# modelled as a ring (above): its messages and its use of a shared link are the ring's
+ALGORITHM = Algorithm(name="native", all_reduce=all_reduce, time=native_time, steps=ring_steps,
+                      link_share=ring_link_share,
                       summary="the backend's own all-reduce (NCCL's on GPUs, Gloo's on CPUs)")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from ddtrain.comm.algorithm import Algorithm, trivial_cost
+from ddtrain.comm.algorithm import Algorithm, link_shared, trivial_cost
 from ddtrain.comm.ops import combine_, run_all_reduce
 from ddtrain.comm.p2p import Comm, sendrecv
 
@@ -80,5 +80,22 @@ def ring_time(nbytes: float, ranks: int, alpha: float, beta: float, gamma: float
     return 2 * (p - 1) * alpha + 2 * share * beta + share * gamma
 
 
-ALGORITHM = Algorithm(name="ring", all_reduce=all_reduce, time=ring_time,
-                      summary="reduce-scatter then all-gather around a ring")
+def ring_steps(nbytes: float, ranks: int) -> list[float]:
+    """Reduce-scatter then all-gather: 2(p−1) steps of n/p bytes (also the pipelined ring's and Gloo's own)."""
+    if trivial_cost(nbytes, ranks):
+        return []
+    return [nbytes / ranks] * (2 * (ranks - 1))
+
+
+def ring_link_share(ranks: int, procs_per_node: int) -> float:
+    """1: consecutive ranks sit on the same node, so in each step only one hop per node crosses its link.
+
+    The link carries what it would with one rank per node, however many ranks share the node
+    (ours, the pipelined ring and Gloo's ring alike).
+    """
+    link_shared(ranks, procs_per_node)
+    return 1.0
+
+
+ALGORITHM = Algorithm(name="ring", all_reduce=all_reduce, time=ring_time, steps=ring_steps,
+                      link_share=ring_link_share, summary="reduce-scatter then all-gather around a ring")

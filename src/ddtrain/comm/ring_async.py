@@ -23,7 +23,7 @@ import torch
 from ddtrain.comm.algorithm import Algorithm, trivial_cost
 from ddtrain.comm.ops import combine_, run_all_reduce
 from ddtrain.comm.p2p import Comm, exchange, wait
-from ddtrain.comm.ring import chunk_bounds
+from ddtrain.comm.ring import chunk_bounds, ring_link_share, ring_steps
 
 SEGMENT_BYTES = 256 * 1024     # aim for segments of this size ...
 MAX_SEGMENTS = 8               # ... but no more than this many per chunk (per-message latency)
@@ -98,5 +98,7 @@ def ring_async_time(nbytes: float, ranks: int, alpha: float, beta: float, gamma:
     return 2 * (p - 1) * alpha + share * beta + share * max(beta, gamma)
 
 
-ALGORITHM = Algorithm(name="ring-async", all_reduce=all_reduce, time=ring_async_time,
+# the messages and the link are the ring's: the same 2(p−1) steps of n/p, pipelined (one α per step, as above)
+ALGORITHM = Algorithm(name="ring-async", all_reduce=all_reduce, time=ring_async_time, steps=ring_steps,
+                      link_share=ring_link_share,
                       summary="the ring with non-blocking sends pipelined over sub-chunks")

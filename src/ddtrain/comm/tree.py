@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ddtrain.comm.algorithm import Algorithm, trivial_cost
+from ddtrain.comm.algorithm import Algorithm, link_shared, trivial_cost
 from ddtrain.comm.ops import combine_, run_all_reduce
 from ddtrain.comm.p2p import Comm, sendrecv
 
@@ -99,5 +99,18 @@ def tree_time(nbytes: float, ranks: int, alpha: float, beta: float, gamma: float
     return 2 * levels * (alpha + nbytes * beta) + levels * nbytes * gamma
 
 
-ALGORITHM = Algorithm(name="tree", all_reduce=all_reduce, time=tree_time,
+def tree_steps(nbytes: float, ranks: int) -> list[float]:
+    """2·⌈log2 p⌉ steps of the whole buffer: one per level down (reduce), one per level up (broadcast)."""
+    if trivial_cost(nbytes, ranks):
+        return []
+    return [float(nbytes)] * (2 * math.ceil(math.log2(ranks)))
+
+
+def tree_link_share(ranks: int, procs_per_node: int) -> float:
+    """``procs_per_node``: in the levels whose partner is on another node, every rank of a node sends across its link
+    at the same time, so up to that many flows share it."""
+    return float(procs_per_node) if link_shared(ranks, procs_per_node) else 1.0
+
+
+ALGORITHM = Algorithm(name="tree", all_reduce=all_reduce, time=tree_time, steps=tree_steps, link_share=tree_link_share,
                       summary="binomial-tree reduce to rank 0, then binomial-tree broadcast")

@@ -8,8 +8,10 @@
 - ``advise``: predicted step time and bytes of every strategy × compression × algorithm, ranked
   with each one's accuracy risk (``risks``), over what the plain model misses: α under load fitted
   to collectives inside training (``loaded``), the emulated links' token bucket (``burst``), ranks
-  sharing a host (``contention``), each algorithm's messages step by step (``schedule``), DDP's
-  buckets overlapping the backward pass (``overlap``).
+  sharing a host (``contention``), each algorithm's messages step by step and its use of a shared
+  link, read from its record in ``ddtrain.comm.ALGORITHMS`` (``schedule``), DDP's buckets
+  overlapping the backward pass (``overlap``). The adviser's inputs and measurements are
+  ``ddtrain.bench.advise``'s.
 """
 from __future__ import annotations
 

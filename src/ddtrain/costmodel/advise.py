@@ -32,8 +32,6 @@ from ddtrain.comm.compression import powersgd, topk
 from ddtrain.comm.compression.volume import allgather_bytes, allreduce_bytes, numel
 from ddtrain.costmodel import schedule
 from ddtrain.costmodel.burst import TokenBucket, transfer
-from ddtrain.costmodel.contention import link_share_factor
-from ddtrain.costmodel.loaded import _added_bytes
 from ddtrain.costmodel.overlap import BACKWARD_SHARE_OF_FORWARD_BACKWARD, exposed_s
 from ddtrain.costmodel.risks import Risk, risk_of
 from ddtrain.errors import DDTrainError
@@ -41,6 +39,9 @@ from ddtrain.errors import DDTrainError
 FIRST_BUCKET_BYTES = 1 << 20          # DDP's first bucket (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES)
 DEFAULT_BUCKET_CAP_BYTES = 25 << 20   # DDP's bucket_cap_mb=25
 RISK_BOUND_POINTS = 1.0
+ALLGATHER_ALGORITHM = "ring"          # comm.allgather (top-k's collective) is a ring: R-1 steps of every rank's part
+
+
 @dataclass(frozen=True, kw_only=True)
 class Method:
     """One choice: a strategy, the algorithm it reduces with, a gradient compression, a sync interval."""
@@ -156,14 +157,27 @@ class Prediction:
 
 @dataclass(frozen=True, kw_only=True)
 class StrategyInfo:
-    """What the adviser needs of a strategy (the cli layer builds these from ``ddtrain.sync.STRATEGIES``)."""
+    """What the adviser needs of a strategy (``ddtrain.bench.advise.strategy_infos`` reads them from
+    ``ddtrain.sync.STRATEGIES``: its ``sends``, ``algorithm`` and ``averaging_algorithm``)."""
 
     name: str
-    algorithm: str
+    algorithm: str              # the ddtrain.comm algorithm that carries what it sends
     kind: str                   # gradient | average
     extra_ranks: int = 0
     compressible: bool = True   # takes --compression
     outers: tuple[str, ...] = ("average",)   # averaging strategies: the outer steps it offers
+
+
+def predictable(strategies: Sequence[StrategyInfo]) -> tuple[list[StrategyInfo], dict[str, str]]:
+    """The strategies whose algorithm's record holds all the adviser needs, and why each other one is left out."""
+    kept, skipped = [], {}
+    for s in strategies:
+        gaps = schedule.missing(s.algorithm)
+        if gaps:
+            skipped[s.name] = f"its algorithm {s.algorithm}: {', '.join(gaps)}"
+        else:
+            kept.append(s)
+    return kept, skipped
 
 
 def candidates(strategies: Sequence[StrategyInfo], compression_specs: Sequence[str],
@@ -259,15 +273,14 @@ def collective_seconds(kind: str, nbytes: float, ranks: int, algorithm: str, net
     """(seconds, tokens left, steps) of one collective, starting with ``tokens`` in the link's bucket."""
     if ranks == 1 or nbytes == 0:
         return 0.0, tokens, 0
-    if kind == "allgather":   # comm.allgather: the ring, R-1 steps of every rank's whole part
-        messages, algorithm_for_share = [nbytes] * (ranks - 1), "ring"
-        added = 0.0
+    if kind == "allgather":   # comm.allgather: the ring, R-1 steps of every rank's whole part, nothing added
+        algorithm = ALLGATHER_ALGORITHM
+        messages, added = [nbytes] * (ranks - 1), 0.0
     else:
-        messages, algorithm_for_share = schedule.steps(algorithm, nbytes, ranks), algorithm
-        added = _added_bytes(algorithm, nbytes, ranks)
-    share = link_share_factor(algorithm_for_share, ranks, procs_per_node)
+        messages, added = schedule.steps(algorithm, nbytes, ranks), schedule.added_bytes(algorithm, nbytes, ranks)
+    share = schedule.link_share(algorithm, ranks, procs_per_node)
     bucket = TokenBucket(burst_bytes=network.bucket.burst_bytes, beta_s_per_byte=network.bucket.beta_s_per_byte * share)
-    alpha = network.alpha_for("ring" if kind == "allgather" else algorithm)
+    alpha = network.alpha_for(algorithm)
     link, left = transfer(messages, bucket, gap_s=alpha, start_tokens=tokens)
     return alpha * len(messages) + link + network.gamma_s_per_byte * added, left, len(messages)
 

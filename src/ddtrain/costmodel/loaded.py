@@ -104,21 +104,13 @@ def allreduce_seconds(algorithm: str, nbytes: float, ranks: int, *, alpha_s: flo
                       gamma_s_per_byte: float = 0.0, idle_s: float = 0.0) -> float:
     """Predicted seconds of one all-reduce under load: α per step + the bucket's link time + the adds.
 
-    The γ term is the formulas' (``ddtrain.comm``): (p−1)/p·n for the ring family and butterfly,
-    levels·n for tree, (p−1)·n for central, charged in full (no overlap with the transfers).
+    The γ term is the algorithm's own formula's (``ddtrain.comm``; ``schedule.added_bytes``): (p−1)/p·n
+    for the ring family, levels·n for tree, (p−1)·n for central, charged in full (no overlap with the
+    transfers).
     """
     messages = schedule.steps(algorithm, nbytes, ranks)
     if not messages:
         return 0.0
     start = bucket.refill(0.0, idle_s)
     link = transfer_time(messages, bucket, gap_s=alpha_s, start_tokens=start)
-    return alpha_s * len(messages) + link + gamma_s_per_byte * _added_bytes(algorithm, nbytes, ranks)
-
-
-def _added_bytes(algorithm: str, nbytes: float, ranks: int) -> float:
-    p = ranks
-    if algorithm == "tree":
-        return len(schedule.steps(algorithm, nbytes, ranks)) / 2 * nbytes
-    if algorithm == "central":
-        return (p - 1) * nbytes
-    return (p - 1) / p * nbytes
+    return alpha_s * len(messages) + link + gamma_s_per_byte * schedule.added_bytes(algorithm, nbytes, ranks)

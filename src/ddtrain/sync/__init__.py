@@ -2,8 +2,8 @@
 
     ddp                  DDP with the backend's own all-reduce (the default)              ddp.py
     ring, ring-async,    DDP with that ddtrain.comm all-reduce as the communication       allreduce.py
-    tree, butterfly,     hook (bucketing and overlap kept)
-    central
+    tree, butterfly,     hook (bucketing and overlap kept); one per algorithm in
+    central              ddtrain.comm.ALGORITHMS but native (ddp's)
     ps-sync, ps-async    parameter servers on the last --servers ranks                   ps/
     hybrid               ring every step + rank 0's broadcast every K steps (000 ch. 5)   hybrid.py   } periodic.py
     local-sgd            local steps, parameters averaged every K steps                   local_sgd.py}
@@ -18,12 +18,13 @@ from functools import partial
 
 import torch.distributed as dist
 
+from ddtrain import comm
 from ddtrain.distributed import runtime
 from ddtrain.errors import DDTrainError, choice_error
 from ddtrain.sync.allreduce import AllReduceStrategy, build_ddp
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats, single_process
 from ddtrain.sync.hybrid import HybridStrategy
-from ddtrain.sync.local_sgd import LocalSGDStrategy
+from ddtrain.sync.local_sgd import ALGORITHM as LOCAL_SGD_ALGORITHM, LocalSGDStrategy
 from ddtrain.sync.ps.protocol import wire_dtype
 from ddtrain.sync.ps.strategy import build_param_server
 from ddtrain.sync.spec import LOCAL_SGD_OPTIONS, StrategySpec
@@ -39,25 +40,28 @@ def register_strategy(spec: StrategySpec) -> StrategySpec:
 
 for _spec in (
     StrategySpec(name="ddp", build=build_ddp, summary="DDP with the backend's own all-reduce (the default)",
-                 sync_in_backward=True, algorithm="native", options=("compression",)),
+                 sync_in_backward=True, algorithm="native", options=("compression",), sends="gradient"),
     *(StrategySpec(name=name, build=partial(AllReduceStrategy, algorithm=name), sync_in_backward=True, algorithm=name,
-                   options=("compression",), summary=f"DDP with ddtrain's {name} all-reduce as its communication hook")
-      for name in ("ring", "ring-async", "tree", "butterfly", "central")),
+                   options=("compression",), summary=f"DDP with ddtrain's {name} all-reduce as its communication hook",
+                   sends="gradient")
+      for name in comm.ALGORITHMS if name != "native"),   # every algorithm of ddtrain.comm; native's is ddp
     StrategySpec(name="ps-sync", build=partial(build_param_server, asynchronous=False), uses_servers=True,
                  options=("servers", "timeout_s", "compression"),
                  replicated=False, algorithm="central",  # the master pattern over workers + servers; checkpoints
                  # hold the servers' state
+                 not_predicted="parameter servers: not modelled",
                  summary="parameter servers on the last --servers ranks; each step waits for every worker"),
     StrategySpec(name="ps-async", build=partial(build_param_server, asynchronous=True), uses_servers=True,
                  options=("servers", "staleness", "async_rule", "timeout_s", "compression"),
                  replicated=False, checkpointable=False, synchronous=False,
+                 not_predicted="asynchronous: no step time to predict",
                  summary="parameter servers applying each gradient as it arrives (--staleness bounds the lag)"),
     StrategySpec(name="hybrid", build=HybridStrategy, replicated=False, sync_in_backward=True, periodic=True,
-                 options=("sync_every",),
+                 options=("sync_every",), not_predicted="a ring every step plus a broadcast: never ahead of ring",
                  algorithm="ring", summary="ring all-reduce every step + rank 0's broadcast every --sync-every "
                      "steps (000 ch. 5)"),
     StrategySpec(name="local-sgd", build=LocalSGDStrategy, replicated=False, periodic=True, synchronous=False,
-                 options=("sync_every", *LOCAL_SGD_OPTIONS),
+                 options=("sync_every", *LOCAL_SGD_OPTIONS), sends="average", averaging_algorithm=LOCAL_SGD_ALGORITHM,
                  summary="local steps; parameters averaged every --sync-every steps"),
 ):
     register_strategy(_spec)

@@ -32,6 +32,12 @@ class StrategySpec:
     periodic: bool = False          # reads --sync-every (steps between parameter syncs)
     algorithm: str | None = None    # the ddtrain.comm algorithm whose cost model predicts its gradient sync
     options: tuple[str, ...] = ()   # the strategy-specific SyncOptions fields it reads (others refuse them)
+    # what it sends, as the adviser (ddtrain advise, ddtrain.costmodel.advise) predicts it: "gradient" (DDP's buckets,
+    # all-reduced with `algorithm` every step), "average" (the parameters, all-reduced with `averaging_algorithm`
+    # every --sync-every steps), or "" (not predicted; `not_predicted` says why)
+    sends: str = ""
+    averaging_algorithm: str | None = None   # the ddtrain.comm algorithm of its parameter averaging (sends="average")
+    not_predicted: str = ""                  # why the adviser leaves it out (sends="")
 
     def takes_option(self, name: str) -> bool:
         """Does this strategy read SyncOptions field ``name``? (Fields no strategy claims are read by all.)"""

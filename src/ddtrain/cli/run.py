@@ -26,7 +26,8 @@ SCRIPT_MODULE = "ddtrain.cli.run"     # what each worker runs: ``python -m ddtra
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", default="1",
                    help="local worker processes to start, or MIN:MAX: start MAX and go on with fewer (down to MIN) "
-                        "when workers are lost, the script restarted at the new size (needs --checkpoint-dir and "
+                        "when workers are lost: the script is restarted at the new size, WORLD_SIZE the new size and "
+                        "TORCHELASTIC_RESTART_COUNT the job's attempt, 1, 2, ... (needs --checkpoint-dir and "
                         "--global-batch-size; docs/ELASTIC.md)")
     p.add_argument("--nnodes", default="1",
                    help="nodes of a multi-node launch (run the same command on each), or MIN:MAX for a job that "
@@ -37,13 +38,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="HOST:PORT of node 0 for a multi-node launch (every node passes the same)")
     p.add_argument("--max-restarts", type=int, default=0, help="restart all workers up to this many times after a failure")
     p.add_argument("--checkpoint-dir", metavar="DIR", default=None,
-                   help="where the script keeps its state (DDTRAIN_CHECKPOINT_DIR in the workers; default: that "
-                        "variable's value); needed to change size: after one the script loads its state from there")
+                   help="where the script keeps its state, exported to the workers as DDTRAIN_CHECKPOINT_DIR (None: "
+                        "that variable's value if set); needed to change size: after one the script loads its "
+                        "state from there")
     p.add_argument("--global-batch-size", metavar="G", type=int, default=None,
-                   help="the script's samples per optimizer update over all workers, kept at every size "
-                        "(DDTRAIN_GLOBAL_BATCH_SIZE in the workers; default: that variable's value); a script "
-                        "states its global batch with this flag or that variable, and divides it by WORLD_SIZE; "
-                        "with MIN:MAX only the sizes dividing G are used")
+                   help="the script's samples per optimizer update over all workers, kept at every size, exported "
+                        "to the workers as DDTRAIN_GLOBAL_BATCH_SIZE (None: that variable's value if set): a "
+                        "script states its global batch with this flag or that variable, and each worker takes "
+                        "G / WORLD_SIZE; only sizes dividing G are run (with MIN:MAX the others are skipped)")
     p.add_argument("--strategy", default=None,
                    help="the default strategy of ddtrain.prepare in the script (DDTRAIN_STRATEGY)")
     p.add_argument("--backend", choices=["gloo", "nccl"], default=None,

@@ -15,6 +15,7 @@ import pytest
 from ddtrain.config import TrainConfig
 from ddtrain.distributed import job, launch, rendezvous
 from ddtrain.distributed.config import DistConfig, size_range
+from ddtrain.distributed.plan import LaunchSpec, plan_launch
 from ddtrain.errors import ConfigError, DDTrainError
 from ddtrain.reliability import ownership
 from helpers import assert_one_clear_error, ddtrain
@@ -45,7 +46,10 @@ def test_dist_config_nnodes_range_bounds_the_node_rank():
 
 
 def test_elastic_sizes_skip_sizes_that_cannot_share_the_global_batch():
-    from ddtrain.cli.train import elastic_sizes
+    from ddtrain.cli.train import launch_spec, shares_global_batch
+
+    def elastic_sizes(config, least, most):  # ddtrain train's rule: its recipe (which may re-choose --grad-accum)
+        return launch_spec(config, least, most, 0).elastic_sizes(least, most, shares_global_batch(config))
     config = TrainConfig(model="mlp", data="digits", global_batch_size=48)
     assert elastic_sizes(config, 2, 4) == [4, 3, 2]
     assert elastic_sizes(TrainConfig(model="mlp", data="digits", global_batch_size=40), 3, 4) == [4]
@@ -55,6 +59,58 @@ def test_elastic_sizes_skip_sizes_that_cannot_share_the_global_batch():
         elastic_sizes(TrainConfig(model="mlp", data="digits", global_batch_size=50), 3, 4)
     with pytest.raises(DDTrainError, match="needs --global-batch-size"):
         elastic_sizes(TrainConfig(model="mlp", data="digits"), 2, 3)
+
+
+def test_the_library_default_rule_is_that_the_global_batch_divides_by_the_workers():
+    # ddtrain run's rule (no recipe): a size is offered when it divides G; 7 and 5 do not divide 42 (nor 7 of 12)
+    assert LaunchSpec(nproc=7, min_nproc=2, global_batch_size=42).elastic_sizes(2, 7) == [7, 6, 3, 2]
+    with pytest.raises(DDTrainError) as info:
+        LaunchSpec(nproc=5, min_nproc=4, global_batch_size=42).elastic_sizes(4, 5)
+    assert str(info.value) == ("--nproc 4:5: --global-batch-size 42 runs on none of them; world sizes that can "
+                               "share it: 1, 2, 3, 6, 7, 14")
+    with pytest.raises(DDTrainError, match=r"--nproc 2:3: --strategy ps-sync has 2 server rank\(s\), so MIN must be"):
+        LaunchSpec(nproc=3, min_nproc=2, global_batch_size=12, strategy="ps-sync", server_ranks=2).elastic_sizes(2, 3)
+
+
+def _plan(**fields):
+    return plan_launch(LaunchSpec(**fields))
+
+
+def test_plan_decides_local_elastic_and_multi_node_launches(tmp_path, monkeypatch):
+    monkeypatch.delenv("DDTRAIN_RUN_ID", raising=False)
+    fixed = _plan(nproc=3, max_restarts=2)
+    assert (fixed.sizes, fixed.nodes, fixed.max_restarts, fixed.workers) == ((3,), None, 2, 3)
+    elastic = _plan(nproc=4, min_nproc=2, checkpoint_dir=str(tmp_path), global_batch_size=12, server_ranks=1)
+    assert elastic.sizes == (4, 3, 2) and elastic.limits == (2, 4) and elastic.workers == 3  # 3, 2 and 1 workers
+    nodes = _plan(nproc=2, dist=DistConfig(nnodes="2:3", node_rank=1, rdzv_endpoint="127.0.0.1:29400"),
+                  max_restarts=1, checkpoint_dir=str(tmp_path), global_batch_size=12)
+    assert nodes.sizes == (2,) and nodes.nodes == ("2:3", 1, "127.0.0.1:29400") and not nodes.joining
+    assert os.environ["DDTRAIN_RUN_ID"] == "nodes-127.0.0.1:29400"   # every node's launcher: one run
+    monkeypatch.delenv("DDTRAIN_RUN_ID")
+    joins = plan_launch(LaunchSpec(nproc=2, dist=DistConfig(nnodes="2:3", rdzv_endpoint="127.0.0.1:29400"),
+                                   max_restarts=1, checkpoint_dir=str(tmp_path), global_batch_size=12),
+                        joining=lambda directory: directory == str(tmp_path))
+    assert joins.joining
+    resuming = plan_launch(LaunchSpec(nproc=2, dist=DistConfig(nnodes="2:3", rdzv_endpoint="127.0.0.1:29400"),
+                                      max_restarts=1, checkpoint_dir=str(tmp_path), global_batch_size=12,
+                                      resume=True), joining=lambda directory: True)
+    assert not resuming.joining   # its workers resume anyway
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"nproc": 3, "min_nproc": 2, "dist": DistConfig(nnodes=2, rdzv_endpoint="127.0.0.1:29400"),
+      "checkpoint_dir": "ck", "global_batch_size": 12}, "--nproc 2:3 is for one machine"),
+    ({"nproc": 2, "global_batch_size": 7}, "--global-batch-size 7 cannot be shared by 2 worker(s); worker counts "
+                                          "that can: 1, 7"),
+    ({"nproc": 2, "dist": DistConfig(nnodes=2, rdzv_endpoint="127.0.0.1:29400"), "global_batch_size": 6},
+     "--global-batch-size 6 cannot be shared by 4 worker(s)"),
+    ({"nproc": 2, "server_ranks": 2, "strategy": "ps-sync"}, "--strategy ps-sync with --servers 2 needs --nproc of "
+                                                             "at least 3 (one worker)"),
+])
+def test_plan_refuses_what_cannot_run(fields, words):
+    with pytest.raises(DDTrainError) as info:
+        _plan(**fields)
+    assert words in str(info.value)
 
 
 def test_min_above_max_gives_one_message_and_creates_nothing(tmp_path):

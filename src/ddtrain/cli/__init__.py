@@ -17,8 +17,8 @@ from ddtrain.errors import ConfigError, DDTrainError
 COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
     ("demo",): ("ddtrain.cli.demo", "train simple-cnn on the bundled digits with 1, 2 and 4 workers and compare"),
     ("train",): ("ddtrain.cli.train", "train a model data-parallel (locally with --nproc, or under torchrun/srun/mpirun)"),
-    ("run",): ("ddtrain.cli.run", "start N local workers running any script through torchrun (the local "
-               "counterpart of torchrun, no root)"),
+    ("run",): ("ddtrain.cli.run", "start workers running any script through torchrun: N or MIN:MAX (elastic), "
+               "on one node or several (the counterpart of torchrun, no root)"),
     ("model", "comm"): ("ddtrain.cli.model_comm", "communications per epoch of centralized, decentralized and "
                         "000's method (Table 5.1)"),
     ("model", "flops"): ("ddtrain.cli.model_flops", "parameters and counted forward FLOPs per sample of the model zoo"),

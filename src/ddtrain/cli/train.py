@@ -13,13 +13,12 @@ import dataclasses
 import sys
 import time
 
-import torch
-
 from ddtrain.cli.args import add_dataclass_arguments, config_from_args, reparse_with_defaults
 from ddtrain.config import read_config_file, read_record_config, to_argv
 from ddtrain.distributed import launch, runtime
 from ddtrain.distributed.config import size_range
 from ddtrain.distributed.env import check_nproc
+from ddtrain.distributed.plan import LaunchSpec, plan_launch
 from ddtrain.errors import DDTrainError
 from ddtrain.observe import profiler
 from ddtrain.reliability.consistency import PeerStopped
@@ -77,74 +76,30 @@ def main(args) -> int:
             return launch.PEER_STOPPED_EXIT
         runtime.shutdown()
         return 0
-    if args.nproc < 1:
-        raise DDTrainError(f"--nproc must be at least 1, got {args.nproc}")
     servers = strategy_spec(config.strategy).extra_ranks(config.sync.servers)
-    if servers and args.nproc - servers < 1:
-        raise DDTrainError(f"--strategy {config.strategy} with --servers {servers} needs --nproc of at least "
-                           f"{servers + 1} (one worker)")
-    if config.dist.backend == "nccl" and torch.cuda.device_count() < args.nproc:
-        raise DDTrainError(f"--backend nccl needs a GPU per worker: {args.nproc} workers, "
-                           f"{torch.cuda.device_count()} GPU(s) visible")
-    elastic_nodes = config.dist.min_nodes < config.dist.max_nodes
-    if elastic_nodes and not config.reliability.max_restarts:
-        raise DDTrainError(f"--nnodes {config.dist.nnodes} needs --max-restarts of at least 1: torchrun's agents "
-                           f"re-form the job at the new size by restarting the workers")
-    if (elastic_nodes or args.min_nproc < args.nproc) and not config.reliability.checkpoint_dir:
-        flag = f"--nnodes {config.dist.nnodes}" if elastic_nodes else f"--nproc {args.min_nproc}:{args.nproc}"
-        raise DDTrainError(f"{flag} needs --checkpoint-dir DIR: after a change of size the workers go on from "
-                           f"the last checkpoint written there")
-    if elastic_nodes:  # every node count in MIN..MAX must be able to share the global batch
-        sizes = elastic_sizes(config, config.dist.min_nodes * args.nproc, config.dist.max_nodes * args.nproc, servers,
-                              flag=f"--nnodes {config.dist.nnodes} with --nproc {args.nproc}")
-        short = [k for k in range(config.dist.min_nodes, config.dist.max_nodes + 1) if k * args.nproc not in sizes]
-        if short:
-            raise DDTrainError(f"--nnodes {config.dist.nnodes}: --global-batch-size {config.global_batch_size} cannot "
-                               f"be shared by {', '.join(map(str, short))} node(s) of {args.nproc} workers; world "
-                               f"sizes that can: {', '.join(map(str, sorted(sizes)))}")
-    if config.dist.max_nodes > 1:  # the launchers of all nodes are one run (one checkpoint directory and lineage)
-        from ddtrain.distributed.env import share_run_id
-        share_run_id(config.dist.rdzv_endpoint)
-    if elastic_nodes and not config.reliability.resume:
-        from ddtrain.reliability import ownership
-        from ddtrain.reliability.checkpoint import listing
-        # checkpoints written, the directory held by another node's launcher of this run: the job runs already
-        if listing(config.reliability.checkpoint_dir) and ownership.held_by_this_run(config.reliability.checkpoint_dir):
-            # a node joining the running job (same run id): its workers take the job's state, they do not start one
-            print(f"ddtrain: note: --checkpoint-dir {config.reliability.checkpoint_dir} is held by this job's other "
-                  f"nodes; joining the running job", file=sys.stderr, flush=True)
-            config = dataclasses.replace(config, reliability=dataclasses.replace(config.reliability, resume=True))
-    if args.min_nproc < args.nproc:
-        if config.dist.max_nodes > 1:
-            raise DDTrainError(f"--nproc {args.min_nproc}:{args.nproc} is for one machine; across nodes give the "
-                               f"range of nodes instead (--nnodes MIN:MAX) and --nproc the workers of each")
-        sizes = elastic_sizes(config, args.min_nproc, args.nproc, servers)
-        validate(config, sizes[0] - servers)
-        return launch.run_elastic(sizes, ["train", *to_argv(config)], max_restarts=config.reliability.max_restarts,
-                                  limits=(args.min_nproc, args.nproc))
-    validate(config, args.nproc - servers)
-    nodes = (config.dist.nnodes, config.dist.node_rank, config.dist.rdzv_endpoint) if config.dist.max_nodes > 1 \
-        else None
-    return launch.run_local(args.nproc, ["train", *to_argv(config)], max_restarts=config.reliability.max_restarts,
-                            nodes=nodes)
+    plan = plan_launch(launch_spec(config, args.min_nproc, args.nproc, servers), fits=shares_global_batch(config),
+                       joining=joins_running_job)
+    if plan.joining:
+        config = dataclasses.replace(config, reliability=dataclasses.replace(config.reliability, resume=True))
+    validate(config, plan.workers)
+    return plan.start(["train", *to_argv(config)])
 
 
-def elastic_sizes(config, least: int, most: int, servers: int = 0, flag: str | None = None) -> list[int]:
-    """The world sizes in ``least..most`` this run can train at with its global batch unchanged, largest first.
+def launch_spec(config, min_nproc: int, nproc: int, servers: int) -> LaunchSpec:
+    """The launch ``config`` asks for, with ``min_nproc..nproc`` workers here (``--nproc MIN:MAX``)."""
+    return LaunchSpec(nproc=nproc, min_nproc=min_nproc, dist=config.dist,
+                      max_restarts=config.reliability.max_restarts, checkpoint_dir=config.reliability.checkpoint_dir,
+                      resume=config.reliability.resume, global_batch_size=config.global_batch_size,
+                      grad_accum=config.grad_accum, strategy=config.strategy, server_ranks=servers)
 
-    A resize keeps ``--global-batch-size`` (``--grad-accum`` re-chosen where it must be), so a
-    size whose workers cannot share the global batch is skipped; none at all is refused, naming
-    the sizes that would do.
+
+def shares_global_batch(config):
+    """``fits(workers, resuming)`` of the launch plan: can ``workers`` train ``config``'s global batch?
+
+    The recipe decides (a resume may re-choose ``--grad-accum`` where ``--grad-accum`` does not fit).
     """
     from ddtrain.errors import ConfigError
     from ddtrain.training import recipe
-    flag = flag or f"--nproc {least}:{most}"
-    if not config.global_batch_size:
-        raise DDTrainError(f"{flag} needs --global-batch-size: without it the global batch is "
-                           f"--batch-size x workers and would change with every resize (so would the training)")
-    if least - servers < 1:
-        raise DDTrainError(f"{flag}: --strategy {config.strategy} has {servers} server rank(s), so "
-                           f"MIN must be at least {servers + 1} (one worker)")
 
     def fits(workers: int, resuming: bool) -> bool:
         try:
@@ -152,12 +107,11 @@ def elastic_sizes(config, least: int, most: int, servers: int = 0, flag: str | N
         except ConfigError:
             return False
         return True
-    # the first attempt runs the flags as given; later ones resume, and may re-choose --grad-accum
-    sizes = [n for n in range(most, least - 1, -1) if fits(n - servers, resuming=n != most)]
-    if sizes and sizes[0] != most or not sizes:
-        would = [n for n in range(1, 4 * most + 1) if fits(n - servers, resuming=True)][:12]
-        what = "runs on none of them" if not sizes else f"cannot start on {most}"
-        raise DDTrainError(f"{flag}: --global-batch-size {config.global_batch_size} "
-                           f"(--grad-accum {config.grad_accum}) {what}; world sizes that can share it: "
-                           f"{', '.join(map(str, would)) or 'none'}")
-    return sizes
+    return fits
+
+
+def joins_running_job(checkpoint_dir: str) -> bool:
+    """Checkpoints written in ``checkpoint_dir`` and the directory held by another node's launcher of this run."""
+    from ddtrain.reliability import ownership
+    from ddtrain.reliability.checkpoint import listing
+    return bool(listing(checkpoint_dir)) and ownership.held_by_this_run(checkpoint_dir)

@@ -1,4 +1,5 @@
-"""The job's facts every package asks about: which attempt of the job this is, and the store all ranks share.
+"""The job's facts every package asks about: which attempt of the job this is, the store all ranks share, and
+where the job keeps its state with the global batch it keeps at every size (what ``ddtrain run`` tells a script).
 
 These are the only reads of ``TORCHELASTIC_RESTART_COUNT`` and the only use of torch's private
 accessor of the default group's store; everything else in ddtrain calls ``restart_attempt()`` and
@@ -7,6 +8,8 @@ accessor of the default group's store; everything else in ddtrain calls ``restar
 from __future__ import annotations
 
 import os
+
+from ddtrain.errors import DDTrainError
 
 # torchrun's count of the restarts of this job's workers. ddtrain's agents and elastic launcher
 # raise it to count every re-formation (ddtrain.distributed.rendezvous.add_attempt_base), and the
@@ -38,3 +41,27 @@ def default_store():
         return None
     from torch.distributed import distributed_c10d
     return distributed_c10d._get_default_store()
+
+
+# What `ddtrain run` tells the script it starts (read by the script, or by ddtrain's state API for it):
+# where the job's state lives and the global batch every world size of an elastic job keeps.
+CHECKPOINT_DIR_ENV = "DDTRAIN_CHECKPOINT_DIR"
+GLOBAL_BATCH_SIZE_ENV = "DDTRAIN_GLOBAL_BATCH_SIZE"
+
+
+def checkpoint_dir(environ=None) -> str | None:
+    """The job's checkpoint directory (``ddtrain run --checkpoint-dir``, ``DDTRAIN_CHECKPOINT_DIR``), or None."""
+    env = os.environ if environ is None else environ
+    return env.get(CHECKPOINT_DIR_ENV) or None
+
+
+def global_batch_size(environ=None) -> int:
+    """The job's global batch (``ddtrain run --global-batch-size``, ``DDTRAIN_GLOBAL_BATCH_SIZE``), 0 if not stated."""
+    env = os.environ if environ is None else environ
+    raw = str(env.get(GLOBAL_BATCH_SIZE_ENV, "")).strip()
+    if not raw:
+        return 0
+    if not raw.isdigit() or int(raw) < 1:
+        raise DDTrainError(f"environment variable {GLOBAL_BATCH_SIZE_ENV}={raw!r} must be a positive whole number "
+                           f"(samples per optimizer update over all workers)")
+    return int(raw)

@@ -388,9 +388,10 @@ def cases() -> list[Case]:
             ("fifo", "a FIFO dog/stream.jpg (blocked the launcher)", "test_fifo_among_the_images_is_refused_without_opening_it"),
             ("device", "cat/null.jpg -> /dev/null (a device)", "test_socket_and_device_among_the_images_are_refused"),
             ("sock", "a socket cat/s.png", "test_socket_and_device_among_the_images_are_refused"),
-            ("empty_img", "an empty cat/blank.jpg (0 bytes)", "test_empty_image_file_is_refused"),
             ("dangling", "dog/gone.png -> deleted.png (dangling)", "test_dangling_image_symlink_is_refused")):
         data(f"imagefolder: {what}", f"imagefolder:{{T}}/{folder}", test)
+    data("imagefolder: an empty cat/blank.jpg (0 bytes): skipped, named", "imagefolder:{T}/empty_img",
+         "test_empty_image_file_is_skipped_and_named", "--batch-size", "2", expect="ok", look_for="blank.jpg: empty file")
     data("imagefolder: file symlinks to images; a FIFO named notes", "imagefolder:{T}/filelinks",
          "test_plain_folder_and_file_symlinks_still_load", "--batch-size", "2", expect="ok")
     data("a file given as imagefolder:DIR", "imagefolder:{T}/good.npz", "test_a_path_of_the_wrong_kind_is_named")

@@ -196,8 +196,10 @@ def fill_batch(images: list, labels: list, shape: tuple) -> tuple[torch.Tensor, 
     from ddtrain.data.pipeline import fill_skipped
     problems = [x for x in images if isinstance(x, Problem)]
     images = [None if isinstance(x, Problem) else x for x in images]
-    images, labels, problems = fill_skipped(images, labels, problems, torch.zeros(shape, dtype=torch.uint8))
-    return torch.stack(images), torch.as_tensor(labels, dtype=torch.long), problems
+    images, labels, problems = fill_skipped(images, labels, problems, lambda: torch.zeros(shape, dtype=torch.uint8))
+    # numpy's stack: torch.stack of uint8 runs in parallel threads, slow on a busy machine (18 ms against 0.5)
+    stacked = torch.from_numpy(np.stack([x.numpy() for x in images]))
+    return stacked, torch.as_tensor(labels, dtype=torch.long), problems
 
 
 class ProblemLog:

@@ -83,8 +83,8 @@ class BatchPipeline:
             arrays = {k: x for k, x in enumerate(items) if not isinstance(x, Problem)}
         for k, t in self._upload(arrays, pool).items():
             images[k] = t
-        blank = torch.zeros((3, ds.size, ds.size), dtype=torch.uint8, device=self.device)
-        images, labels, problems = fill_skipped(images, labels, problems, blank)
+        images, labels, problems = fill_skipped(
+            images, labels, problems, lambda: torch.zeros((3, ds.size, ds.size), dtype=torch.uint8, device=self.device))
         heights = torch.tensor([t.shape[1] for t in images])
         widths = torch.tensor([t.shape[2] for t in images])
         plan = augment.plan(heights, widths, ds.size, ds.train, self.generator)
@@ -143,12 +143,12 @@ class BatchPipeline:
                 for j, k in enumerate(keys)}
 
 
-def fill_skipped(images: list, labels: list, problems: list[Problem], blank: torch.Tensor):
+def fill_skipped(images: list, labels: list, problems: list[Problem], blank):
     """(images, labels, problems) with each skipped sample (``None``) replaced by the next good one of the batch.
 
     The replacement (image and label, taken cyclically from the batch's good samples) keeps the
     batch's size, so compiled graphs and batch norm see the shape they expect. A batch with no
-    good sample at all gets ``blank`` images (zeros), and its problems say so.
+    good sample at all gets ``blank()`` images (zeros), and its problems say so.
     """
     good = [k for k, t in enumerate(images) if t is not None]
     if len(good) == len(images):
@@ -156,7 +156,7 @@ def fill_skipped(images: list, labels: list, problems: list[Problem], blank: tor
     if not good:
         problems = [Problem(p.file, p.reason, SKIPPED + ", every image of its batch unreadable: zeros trained in "
                             "their place") if p.action == SKIPPED else p for p in problems]
-        return [blank] * len(images), labels, problems
+        return [blank()] * len(images), labels, problems
     images, labels = list(images), list(labels)
     for n, k in enumerate([k for k, t in enumerate(images) if t is None]):
         images[k], labels[k] = images[good[n % len(good)]], labels[good[n % len(good)]]

@@ -101,9 +101,8 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
               "updates_per_epoch": per_epoch, "epochs": [], "data_pipeline": loader.describe(),
               "versions": files.versions(runtime.backend(), device)}
     scanned = list(getattr(data.train, "scan_problems", ()))  # files left out before training (empty ones)
-    if scanned and runtime.rank() == 0 and not config.quiet:
-        for p in scanned:
-            runtime.print0(f"data: {p.line()}")
+    for p in scanned:   # a warning: shown under --quiet too, like the lines for files that fail to decode
+        runtime.print0(f"data: {p.line()}")
     info = record["reliability"] = {"attempt": restart_attempt(), "resumed_from": None, "checkpoints_written": 0,
                                     "nonfinite_skipped": [], "replica_checks": 0, "rebroadcasts": []}
     callbacks = [*callbacks, *trackers, *faults.injectors(runtime.rank())]

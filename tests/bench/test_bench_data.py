@@ -34,6 +34,9 @@ def test_counts_the_timed_batches_across_epochs_and_compares_specs(jpegs, tmp_pa
         assert len(row["runs"]) == 2 and all(r["batches"] == 7 and r["epochs_started"] == 2 for r in row["runs"])
         assert all(30 <= r["images"] <= 35 and r["batch_shape"][1:] == [3, 32, 32] for r in row["runs"])
         assert row["images_per_s"] == np.median(row["all_images_per_s"]) > 0
+        if pytest.importorskip("psutil"):   # CPU of this process and its loader processes: positive, per image
+            assert all(r["cpu_s"] > 0 and r["cpu_ms_per_image"] == pytest.approx(1e3 * r["cpu_s"] / r["images"])
+                       for r in row["runs"])
     assert result["images_per_s"] == first["images_per_s"] and first["ratio_to_first"] == 1.0
     assert second["ratio_to_first"] == pytest.approx(second["images_per_s"] / first["images_per_s"])
     assert first["data_pipeline"]["decoder"] == "pillow" and second["data_pipeline"]["decoder"] == "none (raw pixels)"

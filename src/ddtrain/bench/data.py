@@ -7,8 +7,10 @@ starting, caches filling) are not timed; then ``--steps`` batches are, until the
 finished (``torch.cuda.synchronize``). A run longer than an epoch goes on into the next
 epoch, as training does (restarting the loader processes is part of the time). With several
 ``--data`` specs the runs are interleaved (spec by spec, ``--repeats`` rounds) and each is
-compared with the first: the ratio is measured in one run. If images/s here is below what the
-model trains at with data already on the GPU, the run is data-bound (docs/DATA.md).
+compared with the first: the ratio is measured in one run. Beside images/s, the CPU time the
+pipeline's processes used per image (``CpuClock``): what the pipeline costs, which other jobs on
+the machine change far less than its speed. If images/s here is below what the model trains at
+with data already on the GPU, the run is data-bound (docs/DATA.md).
 """
 from __future__ import annotations
 
@@ -75,8 +77,8 @@ def open_loader(spec: str, config: DataBenchConfig, device: torch.device):
 
 
 def time_loader(loader, steps: int, warmup: int, device: torch.device) -> dict:
-    """Seconds for ``steps`` batches after ``warmup`` untimed ones, and the images they held."""
-    epoch, images, done, start = 0, 0, 0, None
+    """Seconds for ``steps`` batches after ``warmup`` untimed ones, the images they held, and the CPU it took."""
+    epoch, images, done, start, cpu = 0, 0, 0, None, CpuClock()
     while done < warmup + steps:
         loader.set_epoch(epoch)
         for batch in loader:
@@ -85,15 +87,57 @@ def time_loader(loader, steps: int, warmup: int, device: torch.device) -> dict:
             if done == warmup:
                 _sync(device)
                 start = time.perf_counter()
+                cpu.start()
             elif done > warmup:
                 images += len(y)
             if done == warmup + steps:
+                _sync(device)
+                took, cpu_s = time.perf_counter() - start, cpu.stop()   # the loader processes still run
                 break
         epoch += 1
-    _sync(device)
-    took = time.perf_counter() - start
     return {"time_s": took, "images": images, "batches": steps, "images_per_s": images / took if took > 0 else None,
+            "cpu_s": cpu_s, "cpu_ms_per_image": 1e3 * cpu_s / images if cpu_s is not None and images else None,
             "epochs_started": epoch, "batch_shape": list(x.shape), "dtype": str(x.dtype).replace("torch.", "")}
+
+
+class CpuClock:
+    """CPU seconds (user + system) of this process and its loader processes between ``start`` and ``stop``.
+
+    Contention from other jobs stretches wall time but hardly CPU time, so CPU ms per image is the
+    pipeline's cost where images/s is its speed on this machine now. Live children are read with
+    psutil; those that ended in between (a new epoch's loader processes) through ``RUSAGE_CHILDREN``,
+    less what they had used before ``start``. None without psutil.
+    """
+
+    def start(self) -> None:
+        self.before = self._read()
+
+    def stop(self) -> float | None:
+        after = self._read()
+        if self.before is None or after is None:
+            return None
+        (own0, kids0, reaped0), (own1, kids1, reaped1) = self.before, after
+        ended = sum(t for pid, t in kids0.items() if pid not in kids1)
+        return (own1 - own0) + sum(t - kids0.get(pid, 0.0) for pid, t in kids1.items()) + (reaped1 - reaped0) - ended
+
+    @staticmethod
+    def _read():
+        try:
+            import psutil
+        except ImportError:
+            return None
+        import resource
+        me = psutil.Process()
+        kids = {}
+        for child in me.children(recursive=True):
+            try:
+                t = child.cpu_times()
+                kids[child.pid] = t.user + t.system
+            except psutil.Error:      # ended between listing and reading: counted when reaped
+                pass
+        own = me.cpu_times()
+        reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.user + own.system, kids, reaped.ru_utime + reaped.ru_stime
 
 
 def _sync(device: torch.device) -> None:
@@ -119,18 +163,23 @@ def run(config: DataBenchConfig, progress=print) -> dict:
     rows = []
     for spec in config.data:
         rates = [r["images_per_s"] for r in runs[spec]]
+        cpu = [r["cpu_ms_per_image"] for r in runs[spec] if r["cpu_ms_per_image"] is not None]
         rows.append({"data": spec, "images_per_s": statistics.median(rates), "all_images_per_s": rates,
+                     "cpu_ms_per_image": statistics.median(cpu) if cpu else None,
                      "data_pipeline": described[spec], "runs": runs[spec]})
-    first = rows[0]["images_per_s"]
+    first, first_cpu = rows[0]["images_per_s"], rows[0]["cpu_ms_per_image"]
     for row in rows:
         row["ratio_to_first"] = row["images_per_s"] / first if first else None
+        row["cpu_ratio_to_first"] = first_cpu / row["cpu_ms_per_image"] if first_cpu and row["cpu_ms_per_image"] else None
     from ddtrain.observe.files import versions
     return {"images_per_s": first, "rows": rows,
             "settings": {**asdict(config), "device": str(device), "warmup": warmup},
             "host": {"cpus": os.cpu_count(), "machine": platform.machine(), "uname": " ".join(platform.uname())},
             "versions": versions(None, device),
             "definition": "images/s = images in the timed batches / seconds from the end of the warm-up batches to "
-                          "the last timed batch on the device; median over --repeats rounds"}
+                          "the last timed batch on the device; cpu ms/image = CPU seconds (user + system) of this "
+                          "process and its loader processes over the same window, per image; cpu ratio = the first "
+                          "row's cpu ms/image over this row's; medians over --repeats rounds"}
 
 
 def table(result: dict) -> list[str]:
@@ -138,8 +187,9 @@ def table(result: dict) -> list[str]:
     lines = [f"# bench data: batch {s['batch_size']}, {s['loader_workers']} loader workers, device {s['device']}, "
              f"{s['warmup']} warm-up + {s['steps']} timed batches, median of {s['repeats']} round(s)"]
     columns = [("data", ""), ("pipeline", ""), ("decoder", ""), ("images/s", "(median)"), ("ratio", "(to row 1)"),
-               ("skipped", "(files)")]
+               ("cpu", "(ms/image)"), ("cpu ratio", "(row 1 / this)"), ("skipped", "(files)")]
     rows = [[r["data"], r["data_pipeline"].get("pipeline", ""), r["data_pipeline"].get("decoder", "").split(",")[0],
-             fmt(r["images_per_s"], 1), fmt(r["ratio_to_first"], 2),
-             str(max(run["problems"]["files_skipped"] for run in r["runs"]))] for r in result["rows"]]
+             fmt(r["images_per_s"], 1), fmt(r["ratio_to_first"], 2), fmt(r["cpu_ms_per_image"], 2),
+             fmt(r["cpu_ratio_to_first"], 2), str(max(run["problems"]["files_skipped"] for run in r["runs"]))]
+            for r in result["rows"]]
     return lines + render_table(columns, rows)

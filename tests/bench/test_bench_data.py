@@ -1,5 +1,6 @@
 """``ddtrain bench data``: the input pipeline alone, images/s and the settings in a JSON (issue 30)."""
 import json
+import sys
 
 import numpy as np
 import pytest
@@ -34,8 +35,8 @@ def test_counts_the_timed_batches_across_epochs_and_compares_specs(jpegs, tmp_pa
         assert len(row["runs"]) == 2 and all(r["batches"] == 7 and r["epochs_started"] == 2 for r in row["runs"])
         assert all(30 <= r["images"] <= 35 and r["batch_shape"][1:] == [3, 32, 32] for r in row["runs"])
         assert row["images_per_s"] == np.median(row["all_images_per_s"]) > 0
-        if pytest.importorskip("psutil"):   # CPU of this process and its loader processes: positive, per image
-            assert all(r["cpu_s"] > 0 and r["cpu_ms_per_image"] == pytest.approx(1e3 * r["cpu_s"] / r["images"])
+        if pytest.importorskip("psutil"):   # CPU of this process (no loader processes here), per image
+            assert all(r["cpu_s"] >= 0 and r["cpu_ms_per_image"] == pytest.approx(1e3 * r["cpu_s"] / r["images"])
                        for r in row["runs"])
     assert result["images_per_s"] == first["images_per_s"] and first["ratio_to_first"] == 1.0
     assert second["ratio_to_first"] == pytest.approx(second["images_per_s"] / first["images_per_s"])
@@ -53,6 +54,27 @@ def test_bench_data_command_writes_images_per_s(jpegs, tmp_path):
     record = json.loads(out.read_text())
     assert record["images_per_s"] > 0 and record["settings"]["loader_workers"] == 1
     assert "# bench data: batch 6, 1 loader workers" in result.stdout
+
+
+def test_cpu_clock_counts_the_window_of_children_alive_and_ended():
+    """A child that burned 0.3 s before the window counts only its CPU inside it; one started and ended inside, all."""
+    pytest.importorskip("psutil")
+    import subprocess
+    import time
+
+    from ddtrain.bench.data import CpuClock
+    burn = "import time\nt = time.process_time()\nwhile time.process_time() - t < {}: pass\n"
+    early = subprocess.Popen([sys.executable, "-c", burn.format(0.3) + "import sys\nsys.stdin.read()\n" + burn.format(0.3)],
+                             stdin=subprocess.PIPE)
+    import psutil
+    while sum(psutil.Process(early.pid).cpu_times()[:2]) < 0.3:    # its first 0.3 s: before the window
+        time.sleep(0.02)
+    clock = CpuClock()
+    clock.start()
+    subprocess.run([sys.executable, "-c", burn.format(0.4)], check=True)   # inside the window, reaped
+    early.communicate(b"")                                                # burns 0.3 s more, then ends
+    cpu = clock.stop()
+    assert 0.7 <= cpu < 0.95, cpu       # 0.4 + 0.3, one interpreter's start-up; not the 0.3 s before the window
 
 
 def test_bad_settings_are_refused():

@@ -25,6 +25,7 @@ CPU* instead, and reported too.
 """
 from __future__ import annotations
 
+import math
 import sys
 from collections import Counter
 from collections.abc import Callable
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, get_worker_info
 
 from ddtrain.data import augment
 from ddtrain.data.decode import SKIPPED, BadImage, Problem, decode_pillow
@@ -100,7 +101,7 @@ class ImageDataset(Dataset):
         return decode_pillow(data) if self.encoded else data
 
     def sample(self, i: int):
-        """(uint8 (3, size, size) tensor, label) or (``Problem``, label): the CPU path's transform."""
+        """((size, size, 3) uint8 array, label) or (``Problem``, label): the CPU path's transform."""
         label = int(self.labels[i])
         try:
             pixels = self.pixels(i)
@@ -108,31 +109,52 @@ class ImageDataset(Dataset):
             return Problem(self.name(i), str(exc), SKIPPED), label
         except OSError as exc:  # a file that vanished or cannot be read since the scan
             return Problem(self.name(i), f"cannot be read ({exc.strerror or exc})", SKIPPED), label
-        return torch.from_numpy(transform(pixels, self.size, self.train)), label
+        return transform(pixels, self.size, self.train), label
 
     def __getitem__(self, i):
         """(float32 (3, size, size), label); a file that cannot be decoded raises one DDTrainError naming it."""
         x, label = self.sample(i)
         if isinstance(x, Problem):
             raise DDTrainError(x.line())
-        return self.finish(x[None])[0], label
+        return self.finish(torch.from_numpy(np.ascontiguousarray(x))[None].permute(0, 3, 1, 2))[0], label
 
-    def finish(self, x: torch.Tensor) -> torch.Tensor:
-        """uint8 (N, 3, H, W) -> float32 in [0, 1], normalised if asked (one batched op, on x's device)."""
-        out = x.float()
-        for c in range(3):   # scalar ops per channel: no small tensor copied to the device (no host wait)
-            a, b = ((1 / 255 / IMAGENET_STD[c], -IMAGENET_MEAN[c] / IMAGENET_STD[c]) if self.normalize
+    def finish(self, x: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
+        """uint8 (N, 3, H, W) -> float32 in [0, 1], normalised if asked: one pass on x's device.
+
+        The result is channels-last if asked, else contiguous (the layout conversion is part of the
+        same copy); in a loader process it is made in shared memory, so sending it copies nothing.
+        """
+        n, c, h, w = x.shape
+        if channels_last:
+            out = _buffer((n, h, w, c), torch.float32, x.device).permute(0, 3, 1, 2)
+        else:
+            out = _buffer((n, c, h, w), torch.float32, x.device)
+        out.copy_(x)
+        for k in range(c):   # scalar ops per channel: no small tensor copied to the device (no host wait)
+            a, b = ((1 / 255 / IMAGENET_STD[k], -IMAGENET_MEAN[k] / IMAGENET_STD[k]) if self.normalize
                     else (1 / 255, 0.0))
-            out[:, c].mul_(a).add_(b)
+            out[:, k].mul_(a).add_(b)
         return out
 
-    def collate(self, samples, finish: bool = False):
+    def collate(self, samples, finish: bool = False, channels_last: bool = False):
         """Stack the CPU path's samples into (x, labels, problems); a skipped sample's place is filled.
 
-        x is uint8, or float32 (``finish``: when training on the CPU, the loader processes do it in parallel).
+        x is a uint8 (N, 3, H, W) view of (N, H, W, 3) memory (channels-last strides: the samples
+        are stacked as Pillow gives them, never transposed one by one), or float32 (``finish``:
+        when training on the CPU, the loader processes do that too, in parallel).
         """
-        x, y, problems = fill_batch([s[0] for s in samples], [s[1] for s in samples], (3, self.size, self.size))
-        return (self.finish(x) if finish else x), y, problems
+        from ddtrain.data.pipeline import fill_skipped
+        arrays = [s[0] for s in samples]
+        problems = [x for x in arrays if isinstance(x, Problem)]
+        arrays = [None if isinstance(x, Problem) else x for x in arrays]
+        side = self.size
+        arrays, labels, problems = fill_skipped(arrays, [s[1] for s in samples], problems,
+                                                lambda: np.zeros((side, side, 3), np.uint8))
+        # numpy's stack: torch.stack of uint8 runs in threads, slow on a busy machine (18 ms against 0.5)
+        stacked = (torch.empty if finish else _buffer)((len(arrays), side, side, 3), dtype=torch.uint8)
+        np.stack(arrays, out=stacked.numpy())
+        x = stacked.permute(0, 3, 1, 2)
+        return (self.finish(x, channels_last) if finish else x), torch.as_tensor(labels, dtype=torch.long), problems
 
     # -- the GPU path: a batch at a time ----------------------------------------------
     def batch_pipeline(self, device: torch.device, threads: int):
@@ -165,11 +187,12 @@ class ImageDataset(Dataset):
 
 
 def transform(pixels: np.ndarray, size: int, train: bool) -> np.ndarray:
-    """The CPU path: (H, W, 3) uint8 -> (3, size, size) uint8, torchvision's PIL transforms.
+    """The CPU path: (H, W, 3) uint8 -> (size, size, 3) uint8, torchvision's PIL transforms.
 
     Training: ``RandomResizedCrop`` (``crop(box).resize``) and a flip half the time, from torch's
     global generator (DataLoader seeds it per worker). Evaluation: ``Resize(floor(size/0.875))``
-    (the long side ``int(side * long / short)``) then ``CenterCrop(size)``.
+    (the long side ``int(side * long / short)``) then ``CenterCrop(size)``. A flip is a view
+    (negative stride): the batch's stack copies it once.
     """
     from PIL import Image
     image = Image.fromarray(pixels)
@@ -185,21 +208,19 @@ def transform(pixels: np.ndarray, size: int, train: bool) -> np.ndarray:
         image = image.resize((w, h), Image.BILINEAR).crop((left, top, left + size, top + size))
         flip = False
     out = np.asarray(image)
-    if flip:
-        out = out[:, ::-1]
-    return np.ascontiguousarray(out.transpose(2, 0, 1))
+    return out[:, ::-1] if flip else out
 
 
-def fill_batch(images: list, labels: list, shape: tuple) -> tuple[torch.Tensor, torch.Tensor, list[Problem]]:
-    """(stacked uint8 images, labels, problems) of the CPU path; a ``Problem`` among ``images`` is filled
-    as ``pipeline.fill_skipped`` says."""
-    from ddtrain.data.pipeline import fill_skipped
-    problems = [x for x in images if isinstance(x, Problem)]
-    images = [None if isinstance(x, Problem) else x for x in images]
-    images, labels, problems = fill_skipped(images, labels, problems, lambda: torch.zeros(shape, dtype=torch.uint8))
-    # numpy's stack: torch.stack of uint8 runs in parallel threads, slow on a busy machine (18 ms against 0.5)
-    stacked = torch.from_numpy(np.stack([x.numpy() for x in images]))
-    return stacked, torch.as_tensor(labels, dtype=torch.long), problems
+def _buffer(shape: tuple, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """An empty batch tensor; in a loader process in shared memory, as torch's default_collate makes its batches,
+    so that sending it to the training process copies nothing (``_new_shared`` is the call default_collate uses)."""
+    if (device is None or torch.device(device).type == "cpu") and get_worker_info() is not None:
+        try:
+            storage = torch.empty(0, dtype=dtype)._typed_storage()._new_shared(math.prod(shape))
+            return torch.empty(0, dtype=dtype).new(storage).view(shape)
+        except (AttributeError, RuntimeError):   # a torch without it: an ordinary tensor, sent by a copy
+            pass
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 class ProblemLog:

@@ -147,13 +147,14 @@ class ShardLoader:
             return
         if self.images:   # uint8 samples to the device, made float there (on the CPU: in the loader processes)
             on_cpu = self.device.type == "cpu"
+            collate = _Collate(self.dataset, on_cpu, self.channels_last)
             loader = DataLoader(_Samples(self.dataset), batch_sampler=[b.tolist() for b in self._batches()],
-                                num_workers=self.workers, pin_memory=self.pin, collate_fn=_Collate(self.dataset, on_cpu),
+                                num_workers=self.workers, pin_memory=self.pin, collate_fn=collate,
                                 persistent_workers=False, prefetch_factor=4 if self.workers else None)
             for x, y, problems in loader:
                 self.problems.add(problems)
                 x, y = self._place(x, y)
-                yield (x if on_cpu else self.dataset.finish(x)), y
+                yield (x if on_cpu else self.dataset.finish(x, self.channels_last)), y
             return
         if self.fast:
             on = self.dataset.x.device if isinstance(self.dataset, ArrayDataset) else self.dataset.device
@@ -186,11 +187,11 @@ class _Samples(Dataset):
 class _Collate:
     """The image dataset's collate, picklable for loader processes started by spawn or forkserver."""
 
-    def __init__(self, dataset: ImageDataset, finish: bool):
-        self.dataset, self.finish = dataset, finish
+    def __init__(self, dataset: ImageDataset, finish: bool, channels_last: bool):
+        self.dataset, self.finish, self.channels_last = dataset, finish, channels_last
 
     def __call__(self, samples):
-        return self.dataset.collate(samples, finish=self.finish)
+        return self.dataset.collate(samples, finish=self.finish, channels_last=self.channels_last)
 
 
 class _CopyAhead:

@@ -116,7 +116,7 @@ class ImageDataset(Dataset):
         x, label = self.sample(i)
         if isinstance(x, Problem):
             raise DDTrainError(x.line())
-        return self.finish(torch.from_numpy(np.ascontiguousarray(x))[None].permute(0, 3, 1, 2))[0], label
+        return self.collate([(x, label)], finish=True)[0][0], label
 
     def finish(self, x: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
         """uint8 (N, 3, H, W) -> float32 in [0, 1], normalised if asked: one pass on x's device.

@@ -77,6 +77,15 @@ def test_cpu_clock_counts_the_window_of_children_alive_and_ended():
     assert 0.7 <= cpu < 0.95, cpu       # 0.4 + 0.3, one interpreter's start-up; not the 0.3 s before the window
 
 
+def test_uint8_stops_at_the_batch_a_gpu_would_receive(jpegs):
+    config = DataBenchConfig(data=[f"imagefolder:{jpegs}"], data_args={"size": 32}, batch_size=4, steps=2, warmup=1,
+                             uint8=True)
+    (row,) = run(config, progress=lambda line: None)["rows"]
+    assert {r["dtype"] for r in row["runs"]} == {"uint8"} and row["runs"][0]["batch_shape"] == [4, 3, 32, 32]
+    assert run(DataBenchConfig(data=[f"imagefolder:{jpegs}"], data_args={"size": 32}, batch_size=4, steps=2, warmup=1),
+               progress=lambda line: None)["rows"][0]["runs"][0]["dtype"] == "float32"
+
+
 def test_bad_settings_are_refused():
     with pytest.raises(DDTrainError, match="--steps must be at least 1"):
         run(DataBenchConfig(data=["digits"], steps=0))

@@ -7,7 +7,9 @@ starting, caches filling) are not timed; then ``--steps`` batches are, until the
 finished (``torch.cuda.synchronize``). A run longer than an epoch goes on into the next
 epoch, as training does (restarting the loader processes is part of the time). With several
 ``--data`` specs the runs are interleaved (spec by spec, ``--repeats`` rounds) and each is
-compared with the first: the ratio is measured in one run. Beside images/s, the CPU time the
+compared with the first: the ratio is measured in one run. ``--uint8`` stops the CPU path at the
+uint8 batch it hands to a GPU (there the float conversion and normalisation run on the device):
+the CPU's share of a GPU run's input pipeline, measured on a machine without one. Beside images/s, the CPU time the
 pipeline's processes used per image (``CpuClock``): what the pipeline costs, which other jobs on
 the machine change far less than its speed. If images/s here is below what the model trains at
 with data already on the GPU, the run is data-bound (docs/DATA.md).
@@ -37,6 +39,7 @@ class DataBenchConfig:
     warmup: int = 5
     repeats: int = 1
     channels_last: bool = False
+    uint8: bool = False
     seed: int = 0
 
     def check(self) -> None:
@@ -73,7 +76,8 @@ def open_loader(spec: str, config: DataBenchConfig, device: torch.device):
     torch.manual_seed(config.seed)
     sampler = ShardSampler(len(data.train), rank=0, world_size=1, seed=config.seed)
     return ShardLoader(data.train, sampler, config.batch_size, device, workers=config.loader_workers,
-                       on_device=False, channels_last=config.channels_last, problems=ProblemLog(report=lambda p: None))
+                       on_device=False, channels_last=config.channels_last, problems=ProblemLog(report=lambda p: None),
+                       uint8=config.uint8)
 
 
 def time_loader(loader, steps: int, warmup: int, device: torch.device) -> dict:
@@ -184,7 +188,8 @@ def run(config: DataBenchConfig, progress=print) -> dict:
 
 def table(result: dict) -> list[str]:
     s = result["settings"]
-    lines = [f"# bench data: batch {s['batch_size']}, {s['loader_workers']} loader workers, device {s['device']}, "
+    lines = [f"# bench data: batch {s['batch_size']}, {s['loader_workers']} loader workers, device {s['device']}"
+             f"{' (uint8 batches: the CPU share of a GPU run)' if s.get('uint8') else ''}, "
              f"{s['warmup']} warm-up + {s['steps']} timed batches, median of {s['repeats']} round(s)"]
     columns = [("data", ""), ("pipeline", ""), ("decoder", ""), ("images/s", "(median)"), ("ratio", "(to row 1)"),
                ("cpu", "(ms/image)"), ("cpu ratio", "(row 1 / this)"), ("skipped", "(files)")]

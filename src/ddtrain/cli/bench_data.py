@@ -19,6 +19,9 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=5, help="batches first, not timed (loader start, caches)")
     p.add_argument("--repeats", type=int, default=1, help="rounds (specs interleaved); each figure is their median")
     p.add_argument("--channels-last", action="store_true", help="NHWC batches, as --channels-last training gets")
+    p.add_argument("--uint8", action="store_true",
+                   help="stop the CPU path at the uint8 batch it hands to a GPU (the float conversion runs there): "
+                        "what the CPU does for a GPU run, measured on a machine without one")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", metavar="FILE.json", default=None, help="write the result (images_per_s, settings, runs)")
 
@@ -30,7 +33,7 @@ def main(args) -> int:
     config = DataBenchConfig(data=args.data, data_args=parse_kv(args.data_arg, "--data-arg"),
                              batch_size=args.batch_size, loader_workers=args.loader_workers, device=args.device,
                              steps=args.steps, warmup=args.warmup, repeats=args.repeats,
-                             channels_last=args.channels_last, seed=args.seed)
+                             channels_last=args.channels_last, uint8=args.uint8, seed=args.seed)
     if args.out:
         from ddtrain.observe.files import check_writable
         check_writable(args.out, "--out")

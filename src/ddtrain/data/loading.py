@@ -43,7 +43,7 @@ class ShardLoader:
 
     def __init__(self, dataset: Dataset, sampler: ShardSampler, batch_size: int, device: torch.device, *,
                  workers: int = 0, on_device: bool = False, channels_last: bool = False, collate_fn=None,
-                 problems: ProblemLog | None = None):
+                 problems: ProblemLog | None = None, uint8: bool = False):
         if batch_size < 1:
             raise DDTrainError(f"batch size must be at least 1, got {batch_size}")
         if batch_size > len(sampler):
@@ -63,6 +63,9 @@ class ShardLoader:
         self.problems = problems if problems is not None else ProblemLog()
         self.images = isinstance(dataset, ImageDataset) and collate_fn is None
         self.pipeline = dataset.batch_pipeline(device, workers) if self.images else None
+        # uint8: the CPU path's batches as they reach the device, not yet made float (ddtrain bench data --uint8:
+        # what the CPU does for a GPU run, measured on a machine without one)
+        self.uint8 = uint8 and self.images and self.pipeline is None
 
     def describe(self) -> dict:
         """How batches are made (the results record's ``data_pipeline``)."""
@@ -146,7 +149,7 @@ class ShardLoader:
                 yield self._place(x, y)
             return
         if self.images:   # uint8 samples to the device, made float there (on the CPU: in the loader processes)
-            on_cpu = self.device.type == "cpu"
+            on_cpu = self.device.type == "cpu" and not self.uint8
             collate = _Collate(self.dataset, on_cpu, self.channels_last)
             loader = DataLoader(_Samples(self.dataset), batch_sampler=[b.tolist() for b in self._batches()],
                                 num_workers=self.workers, pin_memory=self.pin, collate_fn=collate,
@@ -154,7 +157,7 @@ class ShardLoader:
             for x, y, problems in loader:
                 self.problems.add(problems)
                 x, y = self._place(x, y)
-                yield (x if on_cpu else self.dataset.finish(x, self.channels_last)), y
+                yield (x if on_cpu or self.uint8 else self.dataset.finish(x, self.channels_last)), y
             return
         if self.fast:
             on = self.dataset.x.device if isinstance(self.dataset, ArrayDataset) else self.dataset.device

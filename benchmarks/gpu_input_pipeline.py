@@ -4,6 +4,11 @@ On the GPU machine (one H200, 16 cores), from the repository root, about 7-8 min
 
     PYTHONPATH=src python3 benchmarks/gpu_input_pipeline.py --prepare /tmp/issue30 --out results/gpu_input/run1.json
 
+and, in a second call, the tuned compile cold and warm (about 5 minutes):
+
+    PYTHONPATH=src python3 benchmarks/gpu_input_pipeline.py --prepare /tmp/issue30 \
+        --variants compile-tuned-cold,compile-tuned-warm --out results/gpu_input/compile.json
+
 ``--prepare DIR`` makes DIR/jpeg (benchmarks/make_jpeg_folder.py: 10,000 JPEGs of ~500x375 in
 100 classes, ~85 kB each) and DIR/packed (``ddtrain data pack``, raw, longer side <= 512) when they
 are not there yet, timing both. Then every variant runs in its own process (so one that fails
@@ -20,6 +25,9 @@ of the same mode (eager or compiled), and writes everything to ``--out``:
   ddtrain-folder-cpu-eager       the same with --data-arg pipeline=cpu (Pillow in the loader processes)
   ddtrain-packed-*               ddtrain train --data packed:DIR (raw pixels, augmentation on the GPU)
   bench-folder, bench-packed     ddtrain bench data: the input pipeline alone, no model
+  compile-tuned-cold/-warm       ddtrain train --compile --compile-options tuned-graphs on GPU-resident
+                                 synthetic data: the first step from an empty inductor cache, then from
+                                 the cache the first filled (not in the default run)
 
 images/s: batch x timed steps / their wall time, after ``--warmup`` steps (the plain loop times
 between two torch.cuda.synchronize calls; ddtrain's figure is its profile's steady
@@ -46,7 +54,11 @@ HERE = Path(__file__).resolve().parent
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # in the order they run: the compiled ddtrain variants first (cold, then warm inductor cache)
 VARIANTS = ("ddtrain-folder-compiled", "ddtrain-packed-compiled", "plain-compiled", "plain-eager",
-            "ddtrain-folder-eager", "ddtrain-folder-cpu-eager", "ddtrain-packed-eager", "bench-folder", "bench-packed")
+            "ddtrain-folder-eager", "ddtrain-folder-cpu-eager", "ddtrain-packed-eager", "bench-folder", "bench-packed",
+            "compile-tuned-cold", "compile-tuned-warm")
+# not in the default run (they need ~5 minutes of their own): --compile-options tuned-graphs on GPU-resident
+# synthetic data, twice, from an empty inductor cache and then from the cache the first one filled
+OPTIONAL = ("compile-tuned-cold", "compile-tuned-warm")
 
 
 def settings(args) -> dict:
@@ -64,6 +76,12 @@ def ddtrain_command(variant: str, data: str, s: dict, out: Path) -> list[str]:
         return [sys.executable, "-m", "ddtrain", "bench", "data", "--data", data, "--data-arg", f"size={s['size']}",
                 "--batch-size", str(s["batch"]), "--loader-workers", str(s["workers"]), "--steps", str(s["steps"]),
                 "--warmup", str(s["warmup"]), *(["--channels-last"] if s["channels_last"] else []), "--out", str(out)]
+    if variant.startswith("compile-tuned"):
+        data = "synthetic:imagenet" if s["size"] == 224 else "synthetic:cifar10"
+        return [sys.executable, "-m", "ddtrain", "train", "--model", s["model"], "--data", data,
+                "--batch-size", str(s["batch"]), "--steps", str(s["warmup"] + s["steps"]), "--val-fraction", "0",
+                "--lr", "0.1", "--amp", s["amp"], "--compile", "--compile-options", "tuned-graphs", "--profile",
+                "--out", str(out), *(["--channels-last"] if s["channels_last"] else [])]
     argv = [sys.executable, "-m", "ddtrain", "train", "--model", s["model"], "--data", data,
             "--data-arg", f"size={s['size']}", "--batch-size", str(s["batch"]), "--loader-workers", str(s["workers"]),
             "--steps", str(s["warmup"] + s["steps"]), "--val-fraction", "0", "--lr", "0.1", "--amp", s["amp"],
@@ -126,6 +144,8 @@ def ratios(results: dict) -> dict:
     """Each variant's images/s over the plain loop's of the same mode (eager or compiled; bench: to plain-eager)."""
     out = {}
     for name, r in results.items():
+        if name.startswith("compile-"):      # compile times, on synthetic data: nothing to compare with
+            continue
         base = results.get("plain-compiled" if name.endswith("-compiled") else "plain-eager", {})
         if r.get("ok") and base.get("ok") and base.get("images_per_s"):
             out[name] = r["images_per_s"] / base["images_per_s"]
@@ -214,7 +234,8 @@ def main(argv=None) -> int:
     p.add_argument("--folder", help="the JPEG class folder (instead of --prepare)")
     p.add_argument("--packed", help="its packed set (instead of --prepare)")
     p.add_argument("--out", required=True, help="JSON file to write")
-    p.add_argument("--variants", default=",".join(VARIANTS))
+    p.add_argument("--variants", default=",".join(v for v in VARIANTS if v not in OPTIONAL),
+                   help=f"comma-separated, run in this order: {', '.join(VARIANTS)}")
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--steps", type=int, default=40, help="timed steps per variant")
     p.add_argument("--warmup", type=int, default=10)

@@ -29,6 +29,8 @@ def test_ddtrain_command_lines():
         assert flag in text
     assert "--compile" not in text
     assert "--compile" in bench.ddtrain_command("ddtrain-packed-compiled", "packed:/p", S, "/o.json")
+    tuned = " ".join(bench.ddtrain_command("compile-tuned-cold", "packed:/p", S, "/o.json"))
+    assert "--data synthetic:imagenet" in tuned and "--compile --compile-options tuned-graphs" in tuned
     bench_argv = " ".join(bench.ddtrain_command("bench-packed", "packed:/p", S, "/o.json"))
     assert "bench data --data packed:/p" in bench_argv and "--steps 40 --warmup 10" in bench_argv
 
@@ -52,7 +54,8 @@ def test_ratios_are_to_the_plain_loop_of_the_same_mode():
     results = {"plain-eager": {"ok": True, "images_per_s": 2000.0}, "plain-compiled": {"ok": True, "images_per_s": 2500.0},
                "ddtrain-folder-eager": {"ok": True, "images_per_s": 3000.0},
                "ddtrain-packed-compiled": {"ok": True, "images_per_s": 5000.0},
-               "bench-folder": {"ok": True, "images_per_s": 9000.0}, "ddtrain-folder-cpu-eager": {"ok": False}}
+               "bench-folder": {"ok": True, "images_per_s": 9000.0}, "ddtrain-folder-cpu-eager": {"ok": False},
+               "compile-tuned-warm": {"ok": True, "images_per_s": 7000.0}}
     assert bench.ratios(results) == {"plain-eager": 1.0, "plain-compiled": 1.0, "ddtrain-folder-eager": 1.5,
                                      "ddtrain-packed-compiled": 2.0, "bench-folder": 4.5}
 

@@ -5,9 +5,10 @@ a JPEG in a packed shard) or a (H, W, 3) uint8 array (raw pixels in a packed sha
 two paths lead to the training batch, chosen by the ``pipeline`` option:
 
 * ``cpu``: per sample, in ``DataLoader`` worker processes: Pillow decodes, crops and resizes
-  (``crop(box).resize(size, BILINEAR)``, torchvision's PIL path) to a uint8 tensor; the batch
-  travels to the device as uint8 (a quarter of float32's bytes) and is turned into normalised
-  float32 there, in one batched operation (``finish``);
+  (``crop(box).resize(size, BILINEAR)``, torchvision's PIL path) to a (size, size, 3) uint8
+  array; the batch is stacked in shared memory, travels to a GPU as uint8 (a quarter of
+  float32's bytes) and is turned into normalised float32 there in one batched operation
+  (``finish``); training on the CPU, the loader processes make it float themselves;
 * ``gpu``: per batch, in a background thread one batch ahead of the training step
   (``ddtrain.data.pipeline``): file reads in threads, nvjpeg decode on the training GPU
   (``ddtrain.data.decode``), crop/resize/flip/normalise as batched tensor ops on a side CUDA

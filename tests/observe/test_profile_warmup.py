@@ -57,11 +57,13 @@ def test_fit_leaves_out_a_slow_first_step_by_default():
     assert config.profile.warmup_steps == "auto"
     record = fit(model, tiny_data(shape), config, callbacks=[Sleeps(), Profiler()])
     rank = record["profile"]["ranks"][0]
-    assert rank["left_out"]["steps"] == [0] and rank["first_step_s"] >= 0.6
-    assert rank["timed_steps"] == 11 and 0.02 <= rank["step_time_s"] < 0.1     # 12 steps, the first left out
+    # step 0 always; on a machine busy enough to make a 20 ms step take 3x as long, its neighbours too
+    left = rank["left_out"]["steps"]
+    assert left[0] == 0 and left == list(range(len(left))) and len(left) <= 3 and rank["first_step_s"] >= 0.6
+    assert rank["timed_steps"] == 12 - len(left) and 0.02 <= rank["step_time_s"] < 0.1
     assert 0.02 <= rank["split_s"]["data_s"] < 0.1                            # the sleeps sit in the data span
     assert record["profile"]["samples_per_s"] > 16 / 0.1
-    assert re.search(r"left out: 1 warm-up step\(s\), the first 0\.[6-9] s", record["profile"]["steady"])
+    assert re.search(rf"left out: {len(left)} warm-up step\(s\), the first 0\.[6-9] s", record["profile"]["steady"])
     explicit = fit(tiny_model("mlp")[0], tiny_data(shape), config, callbacks=[Sleeps(), Profiler(warmup_steps=0)])
     assert explicit["profile"]["ranks"][0]["left_out"]["steps"] == []
     assert explicit["profile"]["ranks"][0]["step_time_s"] > 0.02 + 0.58 / 12     # the old average, compile included

@@ -21,6 +21,7 @@ from ddtrain.data.imagefolder import load_imagefolder
 from ddtrain.data.mnist import load_mnist
 from ddtrain.data.nifti import load_nifti
 from ddtrain.data.npz import load_npz
+from ddtrain.data.packed import load_packed
 from ddtrain.data.synthetic import load_synthetic
 
 DATASETS: dict[str, Callable[..., Dataset]] = {
@@ -29,11 +30,12 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
     "npz": load_npz,
     "cifar10": load_cifar10,
     "imagefolder": load_imagefolder,
+    "packed": load_packed,
     "nifti": load_nifti,
     "synthetic": load_synthetic,
 }
-NEEDS_ARG = {"mnist": "DIR", "npz": "FILE", "cifar10": "DIR", "imagefolder": "DIR", "nifti": "DIR",
-             "synthetic": "NAME"}
+NEEDS_ARG = {"mnist": "DIR", "npz": "FILE", "cifar10": "DIR", "imagefolder": "DIR", "packed": "DIR",
+             "nifti": "DIR", "synthetic": "NAME"}
 
 
 @dataclass
@@ -79,7 +81,7 @@ def load_dataset(spec: str, *, val_fraction: float = 0.2, seed: int = 0, **optio
 
 
 def _subset(ds: Dataset, idx: torch.Tensor) -> Dataset:
-    if hasattr(ds, "select"):  # ArrayDataset, BatchDataset, ImageFolderDataset: stay lazy and batchable
+    if hasattr(ds, "select"):  # ArrayDataset, BatchDataset, ImageDataset: stay lazy and batchable
         return ds.select(idx)
     sub = Subset(ds, idx.tolist())
     for attr in ("num_classes", "sample_shape", "task"):

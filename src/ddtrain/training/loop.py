@@ -20,6 +20,7 @@ import torch.nn as nn
 
 from ddtrain.config import TrainConfig
 from ddtrain.data import Data
+from ddtrain.data.images import ProblemLog, summarise
 from ddtrain.data.loading import ShardLoader
 from ddtrain.data.sharding import ShardSampler
 from ddtrain.distributed import runtime, storage
@@ -78,8 +79,10 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
                            seed=config.seed, policy=config.sharding,
                            global_batch=config.global_batch_size if config.global_batch_size else 0)
     on_device = config.data_on_device == "yes" or (config.data_on_device == "auto" and device.type == "cuda")
+    # an image that cannot be decoded: one line the first time this rank meets it, counted in the record
+    problems = ProblemLog(report=lambda p: runtime.eprint(f"data: {p.line()}"))
     loader = ShardLoader(data.train, sampler, config.batch_size, device, workers=config.loader_workers,
-                         on_device=on_device, channels_last=config.channels_last)
+                         on_device=on_device, channels_last=config.channels_last, problems=problems)
     per_epoch = recipe.updates_per_epoch(loader.steps, config.grad_accum)
     if per_epoch < 1:
         raise ConfigError("grad_accum", f"{config.grad_accum} is more than the {loader.steps} micro-batches of "
@@ -95,8 +98,11 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     record = {"config": config.as_dict(), "world_size": runtime.total_ranks(), "workers": strategy.workers,
               "strategy": config.strategy, "role": strategy.role, "sharding": sampler.describe(),
               "global_batch_size": config.batch_size * strategy.workers * config.grad_accum,
-              "updates_per_epoch": per_epoch, "epochs": [],
+              "updates_per_epoch": per_epoch, "epochs": [], "data_pipeline": loader.describe(),
               "versions": files.versions(runtime.backend(), device)}
+    scanned = list(getattr(data.train, "scan_problems", ()))  # files left out before training (empty ones)
+    for p in scanned:   # a warning: shown under --quiet too, like the lines for files that fail to decode
+        runtime.print0(f"data: {p.line()}")
     info = record["reliability"] = {"attempt": restart_attempt(), "resumed_from": None, "checkpoints_written": 0,
                                     "nonfinite_skipped": [], "replica_checks": 0, "rebroadcasts": []}
     callbacks = [*callbacks, *trackers, *faults.injectors(runtime.rank())]
@@ -138,8 +144,13 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
             stall.mark(None, "serving as a parameter server")
             strategy.serve()
         else:
-            step_model = compiled.compile_model(strategy.model, config.compile_options, device) \
-                if config.compile else strategy.model
+            step_model = strategy.model
+            if config.compile:
+                planned = epochs * per_epoch if not config.steps else min(config.steps, epochs * per_epoch)
+                planned = max(planned - state.step, 0)     # what is left of the run after a resume
+                chosen, why = compiled.choose(config.compile_options, device, runtime.total_ranks(), planned)
+                record["compile"] = {"options": chosen, "reason": why, "planned_steps": planned}
+                step_model = compiled.compile_model(strategy.model, config.compile_options, device, planned)
             _train_epochs(state, step_model, loader,
                           loss_fn or recipe.loss_function(data.task, config.label_smoothing), distributed)
     for handle in (schedule, clip):  # the optimizer may outlive the run (passed in by the caller)
@@ -148,6 +159,7 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     strategy.finish()
     strategy.update_stats()
     record["comm"] = _gather_stats(strategy, distributed)
+    record["data_problems"] = _gather_problems(problems, scanned, distributed)
     record["final"] = {k: v for k, v in (record["epochs"][-1] if record["epochs"] else {}).items()
                        if k.startswith("val_")}
     for hook in bound(callbacks, "on_train_end"):
@@ -170,6 +182,7 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
     forward_backward = "forward+backward" + (" (the gradient all-reduce runs inside backward)"
                                              if strategy.spec.sync_in_backward else "")
     step, rank0 = state.step, runtime.rank() == 0 and not config.quiet
+    compiling = config.compile
     k, per_epoch = config.grad_accum, state.updates_per_epoch
     # the first k-1 micro-batches' backward passes communicate nothing (the strategy's no_sync:
     # DDP's own for the DDP-based strategies; the others communicate in the optimizer step anyway)
@@ -190,6 +203,9 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
         left = min(per_epoch, steps_done + max_steps - step) if max_steps else per_epoch   # --steps may end it early
         bar = ProgressBar(left, f"Epoch {epoch}/{state.epochs}", enabled=rank0,
                           every_s=math.inf if log_every else PLAIN_EVERY_S)
+        if compiling:   # torch.compile traces and compiles in the first step: minutes, said before it starts
+            bar.phase("compiling the model (torch.compile, in the first step)")
+            compiling = False
         # steps_done > 0 only in the epoch a checkpoint stopped in: its trained batches are drawn and dropped
         batches = checkpointer.batches(loader, steps_done * k) if steps_done else loader
         for group in _groups(batches, k) if k > 1 else ([b] for b in batches):
@@ -257,7 +273,7 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
             logs["val_loss"], logs["val_accuracy"] = evaluate(
                 strategy.module, data.val, worker_rank=strategy.worker_rank, workers=strategy.workers,
                 batch_size=config.batch_size, device=device, task=data.task, group=strategy.group,
-                distributed=distributed, amp=amp, channels_last=config.channels_last)
+                distributed=distributed, amp=amp, channels_last=config.channels_last, problems=loader.problems)
         state.record["epochs"].append(logs)
         if rank0:
             runtime.print0(epoch_line(epoch, state.epochs, logs))
@@ -298,6 +314,18 @@ def _accumulate(group, step_model, loss_fn, no_sync, nonfinite, scaler, device, 
     mean = sum(loss.detach() * (y.shape[0] / total) for loss, _, y in seen)
     nonfinite.check_loss(mean, step)  # skip mode: one bad micro-batch marks the whole step
     return mean, seen
+
+
+def _gather_problems(problems: ProblemLog, scanned: list, distributed: bool) -> dict:
+    """The bad files every rank met (each counted once per use), and those the scan left out."""
+    mine = problems.as_dict()
+    everyone = [mine]
+    if distributed:
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+    scan = ProblemLog(report=lambda p: None)
+    scan.add(scanned)
+    return summarise([*everyone, scan.as_dict()])
 
 
 def _gather_stats(strategy, distributed) -> list[dict]:

@@ -60,7 +60,9 @@ def test_fit_leaves_out_a_slow_first_step_by_default():
     # step 0 always; on a machine busy enough to make a 20 ms step take 3x as long, its neighbours too
     left = rank["left_out"]["steps"]
     assert left[0] == 0 and left == list(range(len(left))) and len(left) <= 3 and rank["first_step_s"] >= 0.6
-    assert rank["timed_steps"] == 12 - len(left) and 0.02 <= rank["step_time_s"] < 0.1
+    # the 0.6 s step is not in the mean: with it, the mean of 12 steps would be over 0.05 s plus the
+    # others' share; a loaded machine stretches the 20 ms steps, so the bound is relative to the slow step
+    assert rank["timed_steps"] == 12 - len(left) and 0.02 <= rank["step_time_s"] < rank["first_step_s"] / 3
     assert 0.02 <= rank["split_s"]["data_s"] < 0.1                            # the sleeps sit in the data span
     assert record["profile"]["samples_per_s"] > 16 / 0.1
     assert re.search(rf"left out: {len(left)} warm-up step\(s\), the first 0\.[6-9] s", record["profile"]["steady"])

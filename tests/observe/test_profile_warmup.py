@@ -62,12 +62,11 @@ def test_fit_leaves_out_a_slow_first_step_by_default():
     assert left[0] == 0 and left == list(range(len(left))) and len(left) <= 3 and rank["first_step_s"] >= 0.6
     # the 0.6 s step is not in the mean: with it, the mean of 12 steps would be over 0.05 s plus the
     # others' share; a loaded machine stretches the 20 ms steps, so the bound is relative to the slow step
+    # Times are not compared across steps or runs: this 2-core machine, shared, stretched the 20 ms
+    # steps 2-10x between runs. The rule itself is tested on fixed times above; here, the plumbing.
     assert rank["timed_steps"] == 12 - len(left) and 0.02 <= rank["step_time_s"] < rank["first_step_s"]
-    assert 0.02 <= rank["split_s"]["data_s"] < rank["first_step_s"]           # the sleeps sit in the data span
-    assert record["profile"]["samples_per_s"] > 16 / rank["first_step_s"]
+    assert rank["split_s"]["data_s"] >= 0.02                                   # the sleeps sit in the data span
     assert re.search(rf"left out: {len(left)} warm-up step\(s\), the first 0\.[6-9] s", record["profile"]["steady"])
     explicit = fit(tiny_model("mlp")[0], tiny_data(shape), config, callbacks=[Sleeps(), Profiler(warmup_steps=0)])
     assert explicit["profile"]["ranks"][0]["left_out"]["steps"] == []
     assert explicit["profile"]["ranks"][0]["step_time_s"] > 0.02 + 0.58 / 12     # the old average, compile included
-    # the same sleeps timed with the slow step in: its mean is above the steady one by about 0.58 s / 12
-    assert explicit["profile"]["ranks"][0]["step_time_s"] > rank["step_time_s"]

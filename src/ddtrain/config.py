@@ -122,7 +122,8 @@ class TrainConfig:
         for name, cls in SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(name, f"must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
-        from ddtrain.sync import strategy_spec  # here: the registry imports torch.distributed
+        from ddtrain.sync import check_options, strategy_spec  # here: the registry imports torch.distributed
+        check_options(self.strategy, self.sync)   # an option the strategy does not read, set, is refused
         spec = strategy_spec(self.strategy)
         if self.reliability.checkpoint_dir and not spec.checkpointable:
             raise ConfigError("checkpoint_dir", f"is not supported with --strategy {self.strategy}: its state lives "
@@ -155,13 +156,7 @@ class TrainConfig:
         unknown = sorted(set(top) - {f.name for f in fields(cls)})
         if unknown:
             raise ConfigError(unknown[0], "is not a setting of TrainConfig")
-        built = {}
-        for name, kwargs in sections.items():
-            try:
-                built[name] = SECTIONS[name](**kwargs)
-            except ValueError as exc:  # SyncOptions still raises ValueError("<field> ...")
-                text = str(exc)
-                raise ConfigError(text.split()[0], text.partition(" ")[2]) from None
+        built = {name: SECTIONS[name](**kwargs) for name, kwargs in sections.items()}
         return cls(**top, **built)
 
     @classmethod

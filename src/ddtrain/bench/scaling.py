@@ -148,11 +148,16 @@ def check(config: ScalingConfig, cells: list[Cell]) -> int:
 def train_config(config: ScalingConfig, cell: Cell, out: Path):
     """The ``TrainConfig`` of one cell: the matrix's settings, this cell's axes, and measurement on."""
     from ddtrain.config import TrainConfig, parse_kv
+    from ddtrain.sync import strategy_spec
     total = config.warmup_steps + config.steps if config.steps else 0
+    spec = strategy_spec(cell.strategy)   # the matrix's strategy options go to the strategies that read them
+    options = {name: value for name, value in (("servers", config.servers),
+                                               ("sync_every", _int_or_word(config.sync_every)))
+               if spec.takes_option(name)}
     return TrainConfig.from_flat(
         model=config.model, data=config.data, strategy=cell.strategy, batch_size=cell.batch_size,
         loader_workers=cell.loader_workers, amp=cell.amp, lr=config.lr, seed=config.seed, val_fraction=0.0,
-        servers=config.servers, sync_every=_int_or_word(config.sync_every), timeout=config.timeout_s,
+        **options, timeout=config.timeout_s,
         out=str(out / f"{cell.name}.json"), profile=True, warmup_steps=config.warmup_steps, log_every=1,
         steps=total, epochs=0 if total else config.epochs, channels_last=config.channels_last,
         model_args=parse_kv(config.model_args, "--model-arg"), data_args=parse_kv(config.data_args, "--data-arg"),

@@ -33,25 +33,6 @@ def load_and_build(config: TrainConfig, *, meta: bool = False):
     return data, build_model(config.model, **kwargs)
 
 
-def check_strategy_options(config: TrainConfig) -> None:
-    """Refuse local-sgd's settings given to a strategy that would ignore them (one message naming the flag).
-
-    Only these: ``--sync-every`` is passed to every strategy by ``bench scaling``, and the older
-    strategy-specific flags keep their lenient behaviour; a user who sets ``--outer-lr`` for ddp
-    would otherwise train without the outer optimizer and never know.
-    """
-    from ddtrain.errors import ConfigError
-    from ddtrain.sync import STRATEGIES, strategy_spec
-    from ddtrain.sync.base import SyncOptions
-    from ddtrain.sync.spec import LOCAL_SGD_OPTIONS
-    spec, defaults = strategy_spec(config.strategy), SyncOptions()
-    for name in LOCAL_SGD_OPTIONS:
-        if not spec.takes_option(name) and getattr(config.sync, name) != getattr(defaults, name):
-            readers = ", ".join(n for n, s in STRATEGIES.items() if s.takes_option(name))
-            raise ConfigError(name, f"is read by {readers} only, not by --strategy {config.strategy}",
-                              flag="--" + name.replace("_", "-"))
-
-
 def validate(config: TrainConfig, workers: int) -> None:
     """Everything that can be checked before a worker starts: names, paths, sizes."""
     from ddtrain.data.loading import steps_per_epoch
@@ -62,9 +43,6 @@ def validate(config: TrainConfig, workers: int) -> None:
     if config.out and not config.out.endswith(".json"):
         raise DDTrainError(f"--out {config.out!r} should name a .json file")
     config = recipe.resolve(config, workers)   # --global-batch-size divides into workers x micro-batches
-    from ddtrain.sync import check_compression
-    check_compression(config.strategy, config.sync.compression)   # before any worker starts
-    check_strategy_options(config)
     data, model = load_and_build(config, meta=True)
     sampler = ShardSampler(len(data.train), rank=0, world_size=workers, policy=config.sharding)  # n >= workers
     per_rank = len(data.train) // workers

@@ -185,7 +185,7 @@ def set_up_added_model(name: str, options: SyncOptions, model, optimizer, asynch
                 hyper=hyper_layout(spec["groups"]), group=dist.new_group(list(range(world))))
     if asynchronous and dist.get_backend() == "nccl":
         plan.pairs = {(w, srv): dist.new_group([w, srv]) for w in plan.workers for srv in plan.servers}
-    plan.wire_dtype = wire_dtype(name, options.compression)
+    plan.wire_dtype = wire_dtype(options.compression)
     return plan, spec
 
 
@@ -221,9 +221,8 @@ def build_param_server(model, optimizer, options: SyncOptions, *, asynchronous: 
         raise DDTrainError(f"{name}: --servers {options.servers} leaves no worker among {world} ranks; "
                            f"use at least {options.servers + 1} processes")
     rank = dist.get_rank()
-    compressed_to = wire_dtype(name, options.compression)   # refuses what servers cannot carry, on every rank alike
     plan = make_plan(name, model, options.servers, options.timeout_s, world, optimizer)
-    plan.wire_dtype = compressed_to
+    plan.wire_dtype = wire_dtype(options.compression)
     worker_group = dist.new_group(plan.workers)          # every rank, same order
     if asynchronous and dist.get_backend() == "nccl":
         # a group per worker-server pair, created by every rank in the same order (see serve_async)

@@ -120,7 +120,7 @@ def compute_only(model: str, data: str, model_args: list[str], batch_size: int, 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        train = TrainConfig(model=model, data=data, val_fraction=0.0, model_args=parse_kv(model_args, "--model-arg"))
+        train = TrainConfig.from_flat(model=model, data=data, val_fraction=0.0, model_args=parse_kv(model_args, "--model-arg"))
         dataset, net = load_and_build(train, meta=False)
         x = torch.randn(batch_size, *dataset.sample_shape)     # content does not change the time
         y = torch.randint(0, dataset.num_classes or 1, (batch_size,))

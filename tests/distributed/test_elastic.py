@@ -46,15 +46,15 @@ def test_dist_config_nnodes_range_bounds_the_node_rank():
 
 def test_elastic_sizes_skip_sizes_that_cannot_share_the_global_batch():
     from ddtrain.cli.train import elastic_sizes
-    config = TrainConfig(model="mlp", data="digits", global_batch_size=48)
+    config = TrainConfig.from_flat(model="mlp", data="digits", global_batch_size=48)
     assert elastic_sizes(config, 2, 4) == [4, 3, 2]
-    assert elastic_sizes(TrainConfig(model="mlp", data="digits", global_batch_size=40), 3, 4) == [4]
+    assert elastic_sizes(TrainConfig.from_flat(model="mlp", data="digits", global_batch_size=40), 3, 4) == [4]
     with pytest.raises(DDTrainError, match="cannot start on 5; world sizes that can share it: 1, 2, 3, 4, 6, 8"):
         elastic_sizes(config, 2, 5)
     with pytest.raises(DDTrainError, match="runs on none of them; world sizes that can share it: 1, 2, 5, 10"):
-        elastic_sizes(TrainConfig(model="mlp", data="digits", global_batch_size=50), 3, 4)
+        elastic_sizes(TrainConfig.from_flat(model="mlp", data="digits", global_batch_size=50), 3, 4)
     with pytest.raises(DDTrainError, match="needs --global-batch-size"):
-        elastic_sizes(TrainConfig(model="mlp", data="digits"), 2, 3)
+        elastic_sizes(TrainConfig.from_flat(model="mlp", data="digits"), 2, 3)
 
 
 def test_min_above_max_gives_one_message_and_creates_nothing(tmp_path):

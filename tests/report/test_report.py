@@ -30,7 +30,7 @@ def profiled_run(out_path):
     x, y = torch.randn(1024, 1, 8, 8, generator=torch.Generator().manual_seed(1)), torch.arange(1024) % 10
     data = Data("synthetic", ArrayDataset(x, y, num_classes=10), None, 10, (1, 8, 8), "classification")
     model = build_model("mlp", num_classes=10, in_channels=1, input_size=(8, 8), hidden=(256, 128))
-    config = TrainConfig(model="mlp", data="synthetic", strategy="ddp", epochs=0, steps=20, batch_size=32,
+    config = TrainConfig.from_flat(model="mlp", data="synthetic", strategy="ddp", epochs=0, steps=20, batch_size=32,
                          lr=0.05, val_fraction=0.0, quiet=True, out=out_path)
     fit(model, data, config, callbacks=[Profiler(monitor=True, interval_s=0.05, warmup_steps=2)])
 

@@ -133,7 +133,7 @@ def check(config: ScalingConfig, cells: list[Cell]) -> int:
     for name in config.strategies:
         if name not in STRATEGIES:
             raise choice_error("strategy", name, STRATEGIES)
-    train = TrainConfig(model=config.model, data=config.data, val_fraction=0.0, seed=config.seed,
+    train = TrainConfig.from_flat(model=config.model, data=config.data, val_fraction=0.0, seed=config.seed,
                         model_args=parse_kv(config.model_args, "--model-arg"),
                         data_args=parse_kv(config.data_args, "--data-arg"))
     data, _ = load_and_build(train, meta=True)

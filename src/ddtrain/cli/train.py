@@ -99,7 +99,7 @@ def main(args) -> int:
                               flag=f"--nnodes {config.dist.nnodes} with --nproc {args.nproc}")
         short = [k for k in range(config.dist.min_nodes, config.dist.max_nodes + 1) if k * args.nproc not in sizes]
         if short:
-            raise DDTrainError(f"--nnodes {config.dist.nnodes}: --global-batch-size {config.global_batch_size} cannot "
+            raise DDTrainError(f"--nnodes {config.dist.nnodes}: --global-batch-size {config.recipe.global_batch_size} cannot "
                                f"be shared by {', '.join(map(str, short))} node(s) of {args.nproc} workers; world "
                                f"sizes that can: {', '.join(map(str, sorted(sizes)))}")
     if config.dist.max_nodes > 1:  # the launchers of all nodes are one run (one checkpoint directory and lineage)
@@ -137,9 +137,8 @@ def elastic_sizes(config, least: int, most: int, servers: int = 0, flag: str | N
     the sizes that would do.
     """
     from ddtrain.errors import ConfigError
-    from ddtrain.training import recipe
     flag = flag or f"--nproc {least}:{most}"
-    if not config.global_batch_size:
+    if not config.recipe.global_batch_size:
         raise DDTrainError(f"{flag} needs --global-batch-size: without it the global batch is "
                            f"--batch-size x workers and would change with every resize (so would the training)")
     if least - servers < 1:
@@ -148,7 +147,7 @@ def elastic_sizes(config, least: int, most: int, servers: int = 0, flag: str | N
 
     def fits(workers: int, resuming: bool) -> bool:
         try:
-            recipe.resolve(config, workers, resuming=resuming)
+            config.resolved(workers, resuming=resuming)
         except ConfigError:
             return False
         return True
@@ -157,7 +156,7 @@ def elastic_sizes(config, least: int, most: int, servers: int = 0, flag: str | N
     if sizes and sizes[0] != most or not sizes:
         would = [n for n in range(1, 4 * most + 1) if fits(n - servers, resuming=True)][:12]
         what = "runs on none of them" if not sizes else f"cannot start on {most}"
-        raise DDTrainError(f"{flag}: --global-batch-size {config.global_batch_size} "
-                           f"(--grad-accum {config.grad_accum}) {what}; world sizes that can share it: "
+        raise DDTrainError(f"{flag}: --global-batch-size {config.recipe.global_batch_size} "
+                           f"(--grad-accum {config.recipe.grad_accum}) {what}; world sizes that can share it: "
                            f"{', '.join(map(str, would)) or 'none'}")
     return sizes

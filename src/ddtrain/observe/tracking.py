@@ -104,7 +104,7 @@ class Tracker:
         else:
             metrics["lr"] = state.optimizer.param_groups[0]["lr"]
         wall = logs["end_s"] - logs["begin_s"]
-        batch = state.record.get("global_batch_size") or config.batch_size
+        batch = state.record.get("global_batch_size") or config.recipe.batch_size
         if wall > 0:
             metrics["samples_per_s"] = batch / wall
         if config.profile.enabled:

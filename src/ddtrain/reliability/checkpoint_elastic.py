@@ -7,7 +7,7 @@ gradient scaler, the parameter servers' shards) is all a resume at another size 
 checkpoint's header carries an ``elastic`` section (``section``): G, the gradient accumulation,
 the worker count, the data set, the strategy's resize rule and the worker counts it can resume
 on (the divisors of G; ``--grad-accum`` is re-chosen where the one asked does not fit,
-``training.recipe.grad_accum_for``). What is per rank is merged or re-derived (``reshape``):
+``ddtrain.recipe.grad_accum_for``). What is per rank is merged or re-derived (``reshape``):
 the epoch's metric sums are added up (on rank 0), the RNG streams of ranks that did not exist
 are seeded from (seed, step, rank), and strategies without one global state follow their rule:
 local-sgd averages the workers' replicas (an averaging at the boundary), hybrid takes rank 0's
@@ -52,14 +52,14 @@ def worker_counts(global_batch: int, limit: int) -> list[int]:
 
 def section(config, *, workers: int, servers: int, train_samples: int, resize_rule: str | None) -> dict:
     """The header's ``elastic`` section: what a resume at another worker count needs to check and re-derive."""
-    total = config.global_batch_size
-    out = {"global_batch_size": total, "grad_accum": config.grad_accum, "workers": workers, "servers": servers,
-           "data": config.data, "data_args": repr(sorted(config.data_args.items())), "sharding": config.sharding,
+    total = config.recipe.global_batch_size
+    out = {"global_batch_size": total, "grad_accum": config.recipe.grad_accum, "workers": workers, "servers": servers,
+           "data": config.data.data, "data_args": repr(sorted(config.data.data_args.items())), "sharding": config.data.sharding,
            "rule": resize_rule}
     if not total:
         out["fixed"] = "written without --global-batch-size: the global batch is --batch-size x workers"
-    elif config.sharding != "balanced":
-        out["fixed"] = f"--sharding {config.sharding} gives each worker count other samples"
+    elif config.data.sharding != "balanced":
+        out["fixed"] = f"--sharding {config.data.sharding} gives each worker count other samples"
     out["worker_counts"] = [workers] if "fixed" in out else worker_counts(total, train_samples)
     return out
 

@@ -44,7 +44,7 @@ def fingerprint(config, model, data, world_size: int) -> dict:
     out = {"ddtrain": __version__, "torch": str(torch.__version__), "world_size": world_size, "model": config.model,
            "model_args": repr(sorted(config.model_args.items())),
            "parameter_count": sum(p.numel() for p in model.parameters()), "parameter_shapes": shapes,
-           "strategy": config.strategy, "batch_size": config.batch_size, "train_samples": len(data.train),
+           "strategy": config.strategy, "batch_size": config.recipe.batch_size, "train_samples": len(data.train),
            "val_samples": len(data.val) if data.val is not None else 0, "sample_shape": list(data.sample_shape),
            "input_dtype": _input_dtype(data.train), "num_classes": data.num_classes}
     flat = config.flat()

@@ -19,11 +19,13 @@ class ConfigError(DDTrainError):
     """A setting that is not allowed, naming the field; the command line names the flag instead.
 
     ``str(error)`` is ``"<field> <problem>"`` for library callers (``batch_size must be a
-    positive integer, got 0``); ``ddtrain`` prints ``--batch-size must be ...``.
+    positive integer, got 0``); ``ddtrain`` prints ``--batch-size must be ...``. Other fields
+    the problem names read as flags there too: those with an underscore in their name, and
+    ``mentions`` (a field whose name is also a word of prose, such as ``resume``).
     """
 
-    def __init__(self, field: str, problem: str, *, flag: str | None = None):
-        self.field, self.problem, self.flag = field, problem, flag
+    def __init__(self, field: str, problem: str, *, flag: str | None = None, mentions: tuple[str, ...] = ()):
+        self.field, self.problem, self.flag, self.mentions = field, problem, flag, tuple(mentions)
         super().__init__(f"{field} {problem}")
 
 
@@ -39,7 +41,7 @@ def check_choices(settings) -> None:
         allowed = _literal_choices(hints[f.name])
         value = getattr(settings, f.name)
         if allowed is not None and value not in allowed:
-            shown = ", ".join("None" if a is None else str(a) for a in allowed)
+            shown = ", ".join(str(a) for a in allowed if a is not None)   # None: the setting left unset
             raise ConfigError(f.name, f"{value!r} is not one of: {shown}")
 
 

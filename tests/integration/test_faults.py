@@ -140,8 +140,8 @@ def dirs(tmp_path):
 
 
 BAD = [
-    (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir DIR"),
-    (["--resume"], "--resume needs --checkpoint-dir DIR"),
+    (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir"),
+    (["--resume"], "--resume needs --checkpoint-dir"),
     (["--resume", "--checkpoint-dir", "{d}/none"], "--resume: no checkpoint in {d}/none"),
     (["--checkpoint-dir", "{d}/fits"], "already holds checkpoints (newest: ckpt-00000007.pt); pass --resume"),
     (["--checkpoint-dir", "{d}/file"], "--checkpoint-dir '{d}/file' is a file, not a directory"),

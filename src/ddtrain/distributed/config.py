@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
-from ddtrain.errors import ConfigError
+from ddtrain.errors import ConfigError, check_choices
 
 # 300 s: long enough for a slow first NCCL connect or a big checkpoint gather on shared disks,
 # short enough that a dead peer is reported within minutes.
@@ -60,8 +60,7 @@ class DistConfig:
     skip_doctor: bool = False                            # skip comparing Python/torch/CUDA/NCCL across nodes at the start of a multi-node job
 
     def __post_init__(self):
-        if self.backend not in (None, "gloo", "nccl"):
-            raise ConfigError("backend", f"{self.backend!r} is not one of: gloo, nccl")
+        check_choices(self)
         if not isinstance(self.timeout, (int, float)) or not (self.timeout > 0 and math.isfinite(self.timeout)):
             raise ConfigError("timeout", f"must be a positive number of seconds, got {self.timeout!r}")
         least, most = size_range(self.nnodes, "nnodes")

@@ -19,11 +19,11 @@ import random
 
 import torch
 
-from ddtrain.reliability.consistency import RESUME_FIELDS, ConfigMismatch, check_resumable, differences
+from ddtrain.reliability.consistency import ConfigMismatch, check_resumable, differences, resume_fields
 
-# what must still agree when the worker count changes (world_size and the per-rank batch may not)
-ELASTIC_FIELDS = tuple(f for f in RESUME_FIELDS if f not in ("world_size", "batch_size")) + ("servers",)
-# ... and what the elastic section adds: the data set by name and arguments, and the global batch
+# What must still agree when the worker count changes is the fingerprint's settings marked resume="same"
+# (consistency.resume_fields with same_workers=False); the elastic section adds the data set by name and
+# arguments, and the global batch (recorded here before the fingerprint held it).
 SECTION_FIELDS = ("data", "data_args", "global_batch_size")
 
 # a strategy's rule for a resize (``rule``): "identical", "average", "rank0", "servers"
@@ -74,10 +74,12 @@ def check(header: dict, fingerprint: dict, now: dict | None, path) -> bool:
     if not isinstance(theirs, dict) or now is None:
         check_resumable(header, fingerprint, path)
         return False
-    # without --global-batch-size the per-rank batch is the run's batch and must agree
-    fields = ELASTIC_FIELDS + (("batch_size",) if "fixed" in theirs or "fixed" in now else ())
-    found = differences(fingerprint, header.get("fingerprint", {}), fields) + \
-        differences(now, theirs, SECTION_FIELDS)
+    # without a global batch the per-rank batch is the run's batch: the "same-workers" settings must agree too
+    fixed = "fixed" in theirs or "fixed" in now
+    fields = tuple(f for f in resume_fields(fingerprint, same_workers=fixed) if f not in ("world_size",))
+    found = differences(fingerprint, header.get("fingerprint", {}), fields, recorded_only=True)
+    named = {line.partition("=")[0].partition(" ")[0] for line in found}
+    found += differences(now, theirs, tuple(f for f in SECTION_FIELDS if f not in named))
     if found:
         raise ConfigMismatch(f"checkpoint {path} does not fit this run: it has " + ", ".join(found)
                              + " (this run has the second value); resume with the same settings "

@@ -28,30 +28,34 @@ ASYNC_RULES = typing.get_args(AsyncRule)
 
 @dataclass(kw_only=True)
 class SyncOptions:
-    """Strategy settings; each strategy reads the ones it needs."""
+    """Strategy settings; each strategy reads the ones it needs (its StrategySpec.options)."""
 
-    sync_every: int | str = 1        # hybrid / local-sgd: steps between parameter syncs, or "epoch"
-    servers: int = 1                 # ps-*: how many ranks hold parameters
-    staleness: int = 4               # ps-async: most versions a gradient may lag
-    async_rule: AsyncRule = "dana"   # ps-async: how updates are corrected for asynchrony (docs/ALGORITHMS.md): dana = lr/workers, a momentum per worker and look-ahead parameters (SGD; other optimizers get staleness); plain applies gradients as they come
-    bucket_cap_mb: float = 25.0      # DDP gradient bucket size (MB)
-    find_unused_parameters: bool = False   # DDP: allow parameters that get no gradient on some steps (branches, unused heads)
-    static_graph: bool = False             # DDP: the set of used parameters never changes between steps
-    gradient_as_bucket_view: bool = False  # DDP: gradients are views into the buckets (saves one copy of memory)
-    no_broadcast_buffers: bool = False     # DDP: do not broadcast rank 0's buffers before each forward (broadcast_buffers=False)
-    sync_batchnorm: bool = False           # convert BatchNorm layers to SyncBatchNorm (DDP-based strategies, CUDA)
-    check_every: int = 0             # steps between replica-divergence checks (0: at epoch ends only)
+    # Every rank must read the same ones (replicas, collectives and servers step together); a resume
+    # may change them except the parameter servers' count and local SGD's outer optimizer, whose state
+    # the checkpoint holds (ddtrain.config explains the metadata).
+
+    sync_every: int | str = field(default=1, metadata={"agree": True, "resume": "may-change"})   # hybrid / local-sgd: steps between parameter syncs, or "epoch"
+    servers: int = field(default=1, metadata={"agree": True, "resume": "same"})   # ps-*: how many ranks hold parameters
+    staleness: int = field(default=4, metadata={"agree": True, "resume": "may-change"})   # ps-async: most versions a gradient may lag
+    async_rule: AsyncRule = field(default="dana", metadata={"agree": True, "resume": "may-change"})   # ps-async: how updates are corrected for asynchrony (docs/ALGORITHMS.md): dana = lr/workers, a momentum per worker and look-ahead parameters (SGD; other optimizers get staleness); plain applies gradients as they come
+    bucket_cap_mb: float = field(default=25.0, metadata={"agree": True, "resume": "may-change"})   # DDP gradient bucket size (MB)
+    find_unused_parameters: bool = field(default=False, metadata={"agree": True, "resume": "may-change"})   # DDP: allow parameters that get no gradient on some steps (branches, unused heads)
+    static_graph: bool = field(default=False, metadata={"agree": True, "resume": "may-change"})   # DDP: the set of used parameters never changes between steps
+    gradient_as_bucket_view: bool = field(default=False, metadata={"agree": True, "resume": "may-change"})   # DDP: gradients are views into the buckets (saves one copy of memory)
+    no_broadcast_buffers: bool = field(default=False, metadata={"agree": True, "resume": "may-change"})   # DDP: do not broadcast rank 0's buffers before each forward (broadcast_buffers=False)
+    sync_batchnorm: bool = field(default=False, metadata={"agree": True, "resume": "may-change"})   # convert BatchNorm layers to SyncBatchNorm (DDP-based strategies, CUDA)
+    check_every: int = field(default=0, metadata={"agree": True, "resume": "may-change"})   # steps between replica-divergence checks (0: at epoch ends only)
     timeout_s: float | None = None   # ps-*: seconds a rank waits on a peer (None: ddtrain.init()'s timeout)
-    outer_optimizer: Literal["average", "nesterov"] = "average"  # local-sgd: at each averaging, 'average' takes the replicas' mean; 'nesterov' is DiLoCo's outer SGD with Nesterov momentum on the averaged parameter change (docs/ALGORITHMS.md)
-    outer_lr: float | None = None    # local-sgd --outer-optimizer nesterov: outer learning rate (default 0.7, DiLoCo's)
-    outer_momentum: float | None = None   # local-sgd --outer-optimizer nesterov: outer Nesterov momentum (default 0.9, DiLoCo's; 0: plain outer SGD)
-    local_sgd_warmup_steps: int = 0  # local-sgd: average the gradients every step for this many first steps (post-local SGD), local steps after
-    adaptive_interval: bool = False  # local-sgd: choose each interval from the measured divergence and averaging time, starting at --sync-every (docs/ALGORITHMS.md)
-    adaptive_min_interval: int = 1   # local-sgd --adaptive-interval: the shortest interval (steps)
-    adaptive_max_interval: int = 100   # local-sgd --adaptive-interval: the longest interval (steps)
-    adaptive_comm_fraction: float = 0.1   # local-sgd --adaptive-interval: the averaging may take this fraction of the interval's compute time
-    adaptive_max_divergence: float = 0.1    # local-sgd --adaptive-interval: bound on the replicas' relative spread at an averaging (docs/PERFORMANCE.md; 0.026-0.147 measured at K=20 on MNIST, where DiLoCo matched ddp: results/diloco/cluster_100mbit.json)
-    compression: str = "none"        # gradient compression: none, fp16, bf16, powersgd:RANK[:WARMUP_STEPS], topk:FRACTION (docs/ALGORITHMS.md)
+    outer_optimizer: Literal["average", "nesterov"] = field(default="average", metadata={"agree": True, "resume": "same"})   # local-sgd: at each averaging, 'average' takes the replicas' mean; 'nesterov' is DiLoCo's outer SGD with Nesterov momentum on the averaged parameter change (docs/ALGORITHMS.md)
+    outer_lr: float | None = field(default=None, metadata={"agree": True, "resume": "may-change"})   # local-sgd --outer-optimizer nesterov: outer learning rate (default 0.7, DiLoCo's)
+    outer_momentum: float | None = field(default=None, metadata={"agree": True, "resume": "may-change"})   # local-sgd --outer-optimizer nesterov: outer Nesterov momentum (default 0.9, DiLoCo's; 0: plain outer SGD)
+    local_sgd_warmup_steps: int = field(default=0, metadata={"agree": True, "resume": "may-change"})   # local-sgd: average the gradients every step for this many first steps (post-local SGD), local steps after
+    adaptive_interval: bool = field(default=False, metadata={"agree": True, "resume": "may-change"})   # local-sgd: choose each interval from the measured divergence and averaging time, starting at --sync-every (docs/ALGORITHMS.md)
+    adaptive_min_interval: int = field(default=1, metadata={"agree": True, "resume": "may-change"})   # local-sgd --adaptive-interval: the shortest interval (steps)
+    adaptive_max_interval: int = field(default=100, metadata={"agree": True, "resume": "may-change"})   # local-sgd --adaptive-interval: the longest interval (steps)
+    adaptive_comm_fraction: float = field(default=0.1, metadata={"agree": True, "resume": "may-change"})   # local-sgd --adaptive-interval: the averaging may take this fraction of the interval's compute time
+    adaptive_max_divergence: float = field(default=0.1, metadata={"agree": True, "resume": "may-change"})   # local-sgd --adaptive-interval: bound on the replicas' relative spread at an averaging (docs/PERFORMANCE.md; 0.026-0.147 measured at K=20 on MNIST, where DiLoCo matched ddp: results/diloco/cluster_100mbit.json)
+    compression: str = field(default="none", metadata={"agree": True, "resume": "may-change"})   # gradient compression: none, fp16, bf16, powersgd:RANK[:WARMUP_STEPS], topk:FRACTION (docs/ALGORITHMS.md)
 
     @property
     def broadcast_buffers(self) -> bool:

@@ -23,7 +23,7 @@ def load_and_build(config: TrainConfig, *, meta: bool = False):
         data = load_dataset(config.data.data, val_fraction=config.data.val_fraction, seed=config.seed,
                             **config.data.data_args)
     except TypeError as exc:  # a data_args key the loader does not take
-        raise ConfigError("data_args", f"{config.data.data_args!r} for {config.data.data}: {exc}") from None
+        raise ConfigError("data", f"{config.data.data}: {exc}") from None
     c, *hw = data.sample_shape
     kwargs = dict(num_classes=data.num_classes or 1, in_channels=c, input_size=tuple(hw) or (1, 1),
                   **config.model_args)

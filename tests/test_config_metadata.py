@@ -56,7 +56,8 @@ NOT_PERTURBED = {
     "max_restarts": "read by the launcher (torchrun's agent restarts workers), not by fit",
     "mlflow": "an optional library that logs to a tracking server (tests/observe/test_tracking.py)",
     # ddtrain.distributed: how the process joins the job, read by ddtrain.init and the launcher
-    **dict.fromkeys(("backend", "timeout", "nnodes", "node_rank", "rdzv_endpoint", "skip_doctor"), "read by ddtrain.init and the launcher, not by the loop"),
+    **dict.fromkeys(("backend", "timeout", "nnodes", "node_rank", "rdzv_endpoint", "skip_doctor"),
+                    "read by ddtrain.init and the launcher, not by the loop"),
     # the strategy's options: at world size 1 every strategy is the single-process one, which reads none
     # (tests/sync compares them against plain loops on 2-4 ranks); all of them are marked
     **{f.name: "a strategy option: read only at world size > 1" for f in dataclasses.fields(SECTIONS["sync"])},

@@ -82,8 +82,9 @@ class TrainConfig:
             if not isinstance(getattr(self, name), cls):
                 raise ConfigError(name, f"must be a {cls.__name__}, got {type(getattr(self, name)).__name__} "
                                         f"(TrainConfig.from_flat takes every setting by its own name)")
-        from ddtrain.sync import check_options, strategy_spec  # here: the registry imports torch.distributed
-        check_options(self.strategy, self.sync)   # an option the strategy does not read, set, is refused
+        # Options the strategy does not read are refused where a run starts (training.build.check_run: ddtrain
+        # train before any worker, fit), not here: a config may carry options for the strategies of a matrix.
+        from ddtrain.sync import strategy_spec  # here: the registry imports torch.distributed
         spec = strategy_spec(self.strategy)
         if self.reliability.checkpoint_dir and not spec.checkpointable:
             raise ConfigError("checkpoint_dir", f"is not supported with --strategy {self.strategy}: its state lives "

@@ -16,7 +16,7 @@ from ddtrain.errors import DDTrainError
 
 def _config(**kw):
     base = dict(model="mlp", data="digits", strategies=["ddp"], workers=[1, 2])
-    return ScalingConfig(**{**base, **kw})
+    return ScalingConfig.of(**{**base, **kw})
 
 
 def test_ps_strategies_count_their_servers_on_top_of_the_workers():
@@ -32,7 +32,7 @@ def test_the_matrix_covers_batch_sizes_loader_workers_and_precision():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(steps=10, epochs=2), "exactly one of --steps"),
-    (dict(steps=0, epochs=0), "exactly one of --steps"),
+    (dict(steps=0, epochs=0), "epochs and steps are both 0"),
     (dict(amp=["fp8"]), "unknown --amp mode 'fp8'"),
     (dict(workers=[0, 2]), "--workers must be positive"),
     (dict(strategies=[]), "at least one strategy"),

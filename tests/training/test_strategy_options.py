@@ -1,17 +1,21 @@
 """One rule for strategy options (ddtrain.sync.check_options): an option the strategy does not read, set, is refused.
 
-``ddtrain train`` (through TrainConfig) and ``prepare()`` call the same function and say the
-same words; the command line names the flag where the library names the field.
+``ddtrain train`` (training.build.validate, before any worker starts), ``fit`` and ``prepare()``
+call the same function and say the same words; the command line names the flag where the
+library names the field. A TrainConfig itself may carry options for other strategies (a bench
+matrix's shared settings): the rule applies where a run starts.
 """
 import pytest
 import torch
 
 import ddtrain
+from ddtrain import fit
 from ddtrain.config import TrainConfig
 from ddtrain.errors import ConfigError
 from ddtrain.sync import STRATEGIES, SyncOptions, check_options
 from ddtrain.sync.spec import LOCAL_SGD_OPTIONS
-from helpers import assert_one_clear_error, ddtrain as run_ddtrain
+from ddtrain.training.build import validate
+from helpers import assert_one_clear_error, ddtrain as run_ddtrain, tiny_data, tiny_model
 
 SERVERS_FOR_DDP = "servers is read only by ps-sync, ps-async, not by strategy 'ddp'"
 
@@ -22,7 +26,7 @@ SERVERS_FOR_DDP = "servers is read only by ps-sync, ps-async, not by strategy 'd
 def test_an_option_the_strategy_does_not_read_is_refused_naming_the_readers(field, value):
     strategy = "ps-async" if field == "sync_every" else "hybrid" if field == "compression" else "ddp"
     with pytest.raises(ConfigError) as caught:
-        TrainConfig.from_flat(strategy=strategy, **{field: value})
+        validate(TrainConfig.from_flat(model="mlp", strategy=strategy, **{field: value}), 2)
     readers = [name for name, spec in STRATEGIES.items() if field in spec.options]
     assert caught.value.field == field
     assert str(caught.value) == f"{field} is read only by {', '.join(readers)}, not by strategy {strategy!r}"
@@ -50,7 +54,14 @@ def test_ddp_arguments_pass_everywhere_and_syncbatchnorm_needs_ddps_step():
 
 def test_the_strategys_own_check_runs_once_there():
     with pytest.raises(ConfigError, match="compression powersgd:2 is not supported with parameter servers"):
-        TrainConfig.from_flat(strategy="ps-sync", compression="powersgd:2")
+        validate(TrainConfig.from_flat(model="mlp", strategy="ps-sync", compression="powersgd:2"), 2)
+
+
+def test_fit_refuses_with_the_same_words():
+    model, shape = tiny_model("mlp")
+    with pytest.raises(ConfigError) as caught:
+        fit(model, tiny_data(shape), TrainConfig.from_flat(model="mlp", strategy="ddp", servers=2, quiet=True))
+    assert str(caught.value) == SERVERS_FOR_DDP
 
 
 def test_prepare_says_the_same_words_and_counts_an_explicit_default():

@@ -35,18 +35,21 @@ def load_and_build(config: TrainConfig, *, meta: bool = False):
 
 
 def check_run(config: TrainConfig, data, workers: int):
-    """What a resolved config asks of its data on ``workers``, checked once for both paths; returns (updates per epoch, the
-    schedule's Plan).
+    """What a resolved config asks of its strategy and data on ``workers``, checked once for both paths; returns
+    (updates per epoch, the schedule's Plan).
 
     ``validate`` runs it before any worker starts (``ddtrain train``), ``fit`` when it is called
-    (a script): a per-rank batch larger than a rank's shard, more accumulation than an epoch has
-    micro-batches, a warm-up not shorter than the run, label smoothing on a task without classes.
-    The count is the loop's own (``ShardLoader.steps`` over the same ``ShardSampler``).
+    (a script): strategy options the strategy does not read, a per-rank batch larger than a rank's
+    shard, more accumulation than an epoch has micro-batches, a warm-up not shorter than the run,
+    label smoothing on a task without classes.
+    The count is the loop's own (``ShardLoader.steps`` over the same ``ShardSampler``). First the
+    strategy's options, by the rule ``prepare()`` uses too (``ddtrain.sync.check_options``).
     """
     from ddtrain.data.loading import steps_per_epoch
     from ddtrain.data.sharding import ShardSampler
-    from ddtrain.errors import ConfigError
     from ddtrain import recipe
+    from ddtrain.sync import check_options
+    check_options(config.strategy, config.sync)   # an option the strategy does not read, set, is refused
     r = config.recipe
     per_rank = len(data.train) // workers
     if r.batch_size > per_rank:

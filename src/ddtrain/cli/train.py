@@ -16,7 +16,8 @@ import time
 import torch
 
 from ddtrain.cli.args import add_dataclass_arguments, config_from_args, reparse_with_defaults
-from ddtrain.config import read_config_file, read_record_config, to_argv
+from ddtrain.cli.config_files import read_config_file, read_record_config
+from ddtrain.config import to_argv
 from ddtrain.distributed import launch, runtime
 from ddtrain.distributed.config import size_range
 from ddtrain.distributed.env import check_nproc

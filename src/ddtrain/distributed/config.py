@@ -65,8 +65,8 @@ class DistConfig:
             raise ConfigError("timeout", f"must be a positive number of seconds, got {self.timeout!r}")
         least, most = size_range(self.nnodes, "nnodes")
         if not isinstance(self.node_rank, int) or not 0 <= self.node_rank < most:
-            raise ConfigError("node_rank", f"must be in 0..{most - 1} for --nnodes {self.nnodes}, "
-                                           f"got {self.node_rank!r}")
+            raise ConfigError("node_rank", f"must be in 0..{most - 1} for nnodes {self.nnodes}, got {self.node_rank!r}",
+                              mentions=("nnodes",))
         if most > 1:
             host, _, port = (self.rdzv_endpoint or "").rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:

@@ -83,7 +83,7 @@ def validate(config: TrainConfig, workers: int) -> None:
     from ddtrain.reliability import checkpoint, outputs
     from ddtrain.reliability import consistency
     from ddtrain.observe import files
-    for flag, path in (("--out", config.out), ("--save", config.save)):
-        files.check_writable(path, flag)
+    for field, path in (("out", config.out), ("save", config.save)):
+        files.check_writable(path, field)
     outputs.check(config)  # no output over an input, inside the data set, or over another output
     checkpoint.check_dir(config, consistency.fingerprint(config, model, data, workers))

@@ -19,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from ddtrain.distributed import runtime
-from ddtrain.errors import DDTrainError
+from ddtrain.errors import ConfigError, DDTrainError
 from ddtrain.sync.accounting import Ledger
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats
 from ddtrain.sync.divergence import DivergenceMonitor
@@ -218,8 +218,8 @@ def build_param_server(model, optimizer, options: SyncOptions, *, asynchronous: 
         return add_worker_model(name, model, optimizer, options, asynchronous)
     world = dist.get_world_size()
     if options.servers >= world:
-        raise DDTrainError(f"{name}: --servers {options.servers} leaves no worker among {world} ranks; "
-                           f"use at least {options.servers + 1} processes")
+        raise ConfigError("servers", f"{options.servers} leaves no worker among {world} ranks ({name}); "
+                                     f"use at least {options.servers + 1} processes")
     rank = dist.get_rank()
     plan = make_plan(name, model, options.servers, options.timeout_s, world, optimizer)
     plan.wire_dtype = wire_dtype(options.compression)
@@ -245,9 +245,9 @@ def add_worker_model(name: str, model, optimizer, options: SyncOptions, asynchro
     """A worker's second (third...) model in a running job: ADD over the first model's link, then set it up."""
     first = _JOB["first"]
     if name != _JOB["name"] or options.servers != _JOB["servers"]:
-        raise DDTrainError(f"{name} --servers {options.servers}: this job's parameter servers already serve "
-                           f"{_JOB['name']} --servers {_JOB['servers']}; every prepare() of a job must use the same "
-                           "strategy and servers")
+        raise ConfigError("servers", f"{options.servers} ({name}): this job's parameter servers already serve "
+                                     f"{_JOB['name']} with servers {_JOB['servers']}; every prepare() of a job must "
+                                     "use the same strategy and servers", mentions=("servers",))
     first.link.exchange(ADD, "add a model")
     if asynchronous:
         first.link.paused = True       # the server took it out of the gate; its next forward says HELLO

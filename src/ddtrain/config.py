@@ -39,20 +39,19 @@ SECTIONS = {"data": DataConfig, "recipe": RecipeConfig, "sync": SyncOptions, "re
 #             kept: docs/ELASTIC.md), "may-change" (training goes on with the new value), "content" (as agree).
 # A field without them changes nothing that ranks or a checkpoint must share (outputs, logging, launch).
 AGREE_WORDS, RESUME_WORDS = (True, "content"), ("same", "same-workers", "may-change", "content")
-SAME = {"agree": True, "resume": "same"}
 
 
 @dataclass(kw_only=True)
 class TrainConfig:
     """One training run: what to train, for how long, how; the sections hold the data, the recipe, the strategy, ..."""
 
-    model: str = field(default="simple-cnn", metadata=SAME)   # model name (see ddtrain.models.MODELS)
-    model_args: dict = field(default_factory=dict, metadata=SAME)   # model option, e.g. hidden=256,128
-    strategy: str = field(default="ddp", metadata=SAME)   # synchronisation strategy (see ddtrain.sync.STRATEGIES)
+    model: str = field(default="simple-cnn", metadata={"agree": True, "resume": "same"})   # model name (see ddtrain.models.MODELS)
+    model_args: dict = field(default_factory=dict, metadata={"agree": True, "resume": "same"})   # model option, e.g. hidden=256,128
+    strategy: str = field(default="ddp", metadata={"agree": True, "resume": "same"})   # synchronisation strategy (see ddtrain.sync.STRATEGIES)
     epochs: int | None = field(default=None, metadata={"agree": True, "resume": "may-change"})   # passes over the training data (default 1, or as many as --steps needs)
     steps: int = field(default=0, metadata={"agree": True, "resume": "may-change"})   # stop after this many steps in all (0: no limit)
-    seed: int = field(default=0, metadata=SAME)   # seed for initialisation, shuffling and dropout
-    amp: AmpMode = field(default="off", metadata=SAME)   # mixed precision (fp16 with a gradient scaler)
+    seed: int = field(default=0, metadata={"agree": True, "resume": "same"})   # seed for initialisation, shuffling and dropout
+    amp: AmpMode = field(default="off", metadata={"agree": True, "resume": "same"})   # mixed precision (fp16 with a gradient scaler)
     channels_last: bool = False            # NHWC memory layout
     compile: bool = False                  # torch.compile the model
     compile_options: Literal["auto", "tuned", "tuned-graphs", "default"] = "auto"   # with --compile on CUDA: tuned adds inductor's kernel tuning, tuned-graphs also CUDA graphs, auto picks tuned-graphs in one process and tuned otherwise, default is torch.compile's own (docs/PERFORMANCE.md)

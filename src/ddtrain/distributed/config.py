@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
@@ -12,6 +13,8 @@ from ddtrain.errors import ConfigError, check_choices
 # short enough that a dead peer is reported within minutes.
 DEFAULT_TIMEOUT_S = 300.0
 TIMEOUT_ENV = "DDTRAIN_TIMEOUT_S"   # the default for library users who never build a DistConfig
+Backend = Literal["gloo", "nccl"]   # the process-group backends (--backend's choices, DDTRAIN_BACKEND's values)
+BACKENDS = typing.get_args(Backend)
 
 
 def default_timeout_s() -> float:
@@ -52,7 +55,7 @@ def size_range(value, field: str, flag: str | None = None) -> tuple[int, int]:
 class DistConfig:
     """Process group settings."""
 
-    backend: Literal["gloo", "nccl"] | None = None   # override the backend choice (NCCL when every local rank has a GPU)
+    backend: Backend | None = None   # override the backend choice (NCCL when every local rank has a GPU)
     timeout: float = DEFAULT_TIMEOUT_S                   # seconds any rank waits on another before failing
     nnodes: int | str = 1                          # nodes of a multi-node launch (run the same command on each), or MIN:MAX for an elastic job that goes on with MIN..MAX nodes (needs --max-restarts)
     node_rank: int = 0                                   # this node's index, 0..nnodes-1 (without restarts; with --max-restarts the rendezvous assigns it)

@@ -97,7 +97,8 @@ class Tracker:
         if step % self.every:
             return
         config = state.config
-        metrics = {"loss": float(logs["loss"])}
+        loss = logs["loss"]   # the step's loss tensor (still part of the graph): its value only
+        metrics = {"loss": float(loss.detach() if hasattr(loss, "detach") else loss)}
         schedule = getattr(state, "schedule", None)
         if schedule is not None:
             metrics["lr"] = schedule.lr(step - 1)      # the rate the update just taken used

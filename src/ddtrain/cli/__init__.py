@@ -82,8 +82,9 @@ def check_environment() -> None:
     if logs and not os.path.isdir(logs):
         raise DDTrainError(f"environment variable DDTRAIN_LOG_DIR={logs!r} is not a directory")
     backend = os.environ.get("DDTRAIN_BACKEND", "")
-    if backend not in ("", "gloo", "nccl"):
-        raise DDTrainError(f"environment variable DDTRAIN_BACKEND={backend!r}: valid: gloo, nccl")
+    from ddtrain.distributed.config import BACKENDS
+    if backend and backend not in BACKENDS:
+        raise DDTrainError(f"environment variable DDTRAIN_BACKEND={backend!r}: valid: {', '.join(BACKENDS)}")
 
 
 def _drop_stale_launch_variables(rest: list[str]) -> None:

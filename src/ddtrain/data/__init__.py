@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.data import Dataset, Subset
 
-from ddtrain.errors import DDTrainError, choice_error
+from ddtrain.errors import ConfigError, DDTrainError, choice_error
 from ddtrain.data.arrays import ArrayDataset  # noqa: F401  (re-exported: ddtrain.data.ArrayDataset)
 from ddtrain.data.cifar10 import load_cifar10
 from ddtrain.data.digits import load_digits
@@ -63,7 +63,7 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 def load_dataset(spec: str, *, val_fraction: float = 0.2, seed: int = 0, **options) -> Data:
     """Load ``spec`` and split off ``val_fraction`` of it (a fixed, seeded choice) for validation."""
     if not 0.0 <= val_fraction < 1.0:
-        raise DDTrainError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+        raise ConfigError("val_fraction", f"must be in [0, 1), got {val_fraction}")
     fmt, arg = parse_spec(spec)
     loader = DATASETS[fmt]
     full = loader(arg, **options) if fmt in NEEDS_ARG or arg else loader(**options)

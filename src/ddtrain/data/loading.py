@@ -22,7 +22,7 @@ import threading
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ddtrain.errors import DDTrainError
+from ddtrain.errors import ConfigError, DDTrainError
 from ddtrain.data.arrays import ArrayDataset
 from ddtrain.data.images import ImageDataset, ProblemLog
 from ddtrain.data.sharding import ShardSampler
@@ -47,9 +47,8 @@ class ShardLoader:
         if batch_size < 1:
             raise DDTrainError(f"batch size must be at least 1, got {batch_size}")
         if batch_size > len(sampler):
-            raise DDTrainError(f"batch size {batch_size} is larger than a rank's shard "
-                               f"({len(sampler)} samples on each of {sampler.world} ranks); "
-                               f"use a smaller --batch-size or fewer ranks")
+            raise ConfigError("batch_size", f"{batch_size} is larger than a rank's shard ({len(sampler)} samples on each "
+                                            f"of {sampler.world} ranks); use a smaller batch_size or fewer ranks")
         self.dataset, self.sampler, self.batch_size, self.device = dataset, sampler, batch_size, device
         self.channels_last = channels_last
         self.steps = steps_per_epoch(len(sampler), batch_size)

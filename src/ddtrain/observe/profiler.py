@@ -108,7 +108,7 @@ class Profiler:
     # -- recording (cheap: a clock read and an append) --------------------------------
     def on_train_begin(self, state):
         self.synced = state.strategy
-        self.batch_size = state.config.batch_size
+        self.batch_size = state.config.recipe.batch_size
         self.compiled = bool(getattr(state.config, "compile", False))
         self.gradient_bytes = sum(p.numel() * p.element_size() for p in state.model.parameters() if p.requires_grad)
         self.clock = estimate_offsets()

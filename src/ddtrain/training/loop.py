@@ -1,7 +1,7 @@
 """The training loop: sharded data, one strategy, metrics averaged over ranks, a results record.
 ``fit`` is what ``ddtrain train`` runs; callers with their own loop use ``ddtrain.prepare``. A
 step is one optimizer update over ``grad_accum`` micro-batches (communication on the last one
-only); the recipe (optimizer, lr schedule, clipping, label smoothing: ``training.recipe``) and
+only); the recipe (optimizer, lr schedule, clipping, label smoothing: ``ddtrain.recipe``) and
 the trackers (``observe.tracking``) come from the config. The
 loop's state is a ``TrainState``; the reliability components own their schedule (a
 ``Checkpointer`` when there is a checkpoint directory, a ``NonfiniteGuard``, a ``ReplicaCheck``
@@ -24,7 +24,6 @@ from ddtrain.data.images import ProblemLog, summarise
 from ddtrain.data.loading import ShardLoader
 from ddtrain.data.sharding import ShardSampler
 from ddtrain.distributed import runtime, storage
-from ddtrain.errors import ConfigError
 from ddtrain.observe import files, tracking
 from ddtrain.reliability import checkpoint_elastic, consistency, faults, stall, watchdog
 from ddtrain.distributed.job import restart_attempt
@@ -32,7 +31,9 @@ from ddtrain.reliability.checkpoint import Checkpointer
 from ddtrain.reliability.nonfinite import NonfiniteGuard
 from ddtrain.reliability.replicas import ReplicaCheck
 from ddtrain.sync import strategy_spec, wrap
-from ddtrain.training import compiled, recipe
+from ddtrain import recipe
+from ddtrain.training import compiled
+from ddtrain.training.build import check_run
 from ddtrain.training.callbacks import TrainState, bound
 from ddtrain.training.evaluate import Meter, autocast, evaluate
 from ddtrain.training.progress import PLAIN_EVERY_S, ProgressBar, epoch_line
@@ -54,18 +55,17 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     # the workers (ranks that train: not the parameter servers) fix the per-rank batch and the lr scaling
     workers = max(runtime.total_ranks() - strategy_spec(config.strategy).extra_ranks(config.sync.servers), 1) \
         if runtime.total_ranks() > 1 else 1
-    asked_accum = config.grad_accum
+    asked_accum = config.recipe.grad_accum
     # batch_size: the per-rank micro-batch; a resume keeps the global batch (grad_accum re-chosen if it must)
-    config = recipe.resolve(config, workers, resuming=bool(config.reliability.checkpoint_dir) and (
+    config = config.resolved(workers, resuming=bool(config.reliability.checkpoint_dir) and (
         config.reliability.resume or restart_attempt() > 0))
-    if config.grad_accum != asked_accum:
-        runtime.print0(f"note: --grad-accum {asked_accum} does not divide the global batch of "
-                       f"{config.global_batch_size} among {workers} workers; using --grad-accum {config.grad_accum} "
-                       f"(micro-batches of {config.batch_size}), the same training")
-    if config.label_smoothing and data.task != "classification":
-        raise ConfigError("label_smoothing", f"applies to classification; {data.name} is a {data.task} task")
+    if config.recipe.grad_accum != asked_accum:
+        runtime.print0(f"note: grad_accum {asked_accum} does not divide the global batch of "
+                       f"{config.recipe.global_batch_size} among {workers} workers; using grad_accum "
+                       f"{config.recipe.grad_accum} (micro-batches of {config.recipe.batch_size}), the same training")
+    per_epoch, plan = check_run(config, data, workers)   # batch, accumulation, warm-up, label smoothing
     trackers = tracking.trackers(config.tracking, runtime.rank())   # a missing library fails here, before training
-    optimizer = optimizer or recipe.build_optimizer(config, model, workers)
+    optimizer = optimizer or recipe.build_optimizer(config.recipe, model, workers)
     # once per process: the start-up comparison and every checkpoint header read this one
     fingerprint = consistency.fingerprint(config, model, data, runtime.total_ranks())
     consistency.check_startup(fingerprint)  # ranks that disagree refuse to start, naming rank and field
@@ -76,28 +76,24 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     # with --global-batch-size the sample order is a function of (seed, epoch, step) only: a resume
     # on another worker count trains the same samples at every step
     sampler = ShardSampler(len(data.train), rank=strategy.worker_rank, world_size=strategy.workers,
-                           seed=config.seed, policy=config.sharding,
-                           global_batch=config.global_batch_size if config.global_batch_size else 0)
-    on_device = config.data_on_device == "yes" or (config.data_on_device == "auto" and device.type == "cuda")
+                           seed=config.seed, policy=config.data.sharding,
+                           global_batch=config.recipe.global_batch_size if config.recipe.global_batch_size else 0)
+    on_device = config.data.data_on_device == "yes" or (config.data.data_on_device == "auto" and device.type == "cuda")
     # an image that cannot be decoded: one line the first time this rank meets it, counted in the record
     problems = ProblemLog(report=lambda p: runtime.eprint(f"data: {p.line()}"))
-    loader = ShardLoader(data.train, sampler, config.batch_size, device, workers=config.loader_workers,
+    loader = ShardLoader(data.train, sampler, config.recipe.batch_size, device, workers=config.data.loader_workers,
                          on_device=on_device, channels_last=config.channels_last, problems=problems)
-    per_epoch = recipe.updates_per_epoch(loader.steps, config.grad_accum)
-    if per_epoch < 1:
-        raise ConfigError("grad_accum", f"{config.grad_accum} is more than the {loader.steps} micro-batches of "
-                          f"{config.batch_size} in an epoch of a rank's shard")
     epochs = config.epochs or math.ceil(config.steps / per_epoch)
     if config.steps:
         epochs = min(epochs, math.ceil(config.steps / per_epoch)) if config.epochs else epochs
     schedule = clip = None
-    if config.lr_schedule != "constant" or config.lr_warmup_steps or config.lr_warmup_epochs:
-        schedule = recipe.Schedule(optimizer, recipe.plan(config, per_epoch))
-    if config.clip_grad:
-        clip = recipe.clip_gradients(optimizer, config.clip_grad)
+    if config.recipe.lr_schedule != "constant" or config.recipe.lr_warmup_steps or config.recipe.lr_warmup_epochs:
+        schedule = recipe.Schedule(optimizer, plan)
+    if config.recipe.clip_grad:
+        clip = recipe.clip_gradients(optimizer, config.recipe.clip_grad)
     record = {"config": config.as_dict(), "world_size": runtime.total_ranks(), "workers": strategy.workers,
               "strategy": config.strategy, "role": strategy.role, "sharding": sampler.describe(),
-              "global_batch_size": config.batch_size * strategy.workers * config.grad_accum,
+              "global_batch_size": config.recipe.batch_size * strategy.workers * config.recipe.grad_accum,
               "updates_per_epoch": per_epoch, "epochs": [], "data_pipeline": loader.describe(),
               "versions": files.versions(runtime.backend(), device)}
     scanned = list(getattr(data.train, "scan_problems", ()))  # files left out before training (empty ones)
@@ -152,7 +148,7 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
                 record["compile"] = {"options": chosen, "reason": why, "planned_steps": planned}
                 step_model = compiled.compile_model(strategy.model, config.compile_options, device, planned)
             _train_epochs(state, step_model, loader,
-                          loss_fn or recipe.loss_function(data.task, config.label_smoothing), distributed)
+                          loss_fn or recipe.loss_function(data.task, config.recipe.label_smoothing), distributed)
     for handle in (schedule, clip):  # the optimizer may outlive the run (passed in by the caller)
         if handle is not None:
             handle.remove()
@@ -183,7 +179,7 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
                                              if strategy.spec.sync_in_backward else "")
     step, rank0 = state.step, runtime.rank() == 0 and not config.quiet
     compiling = config.compile
-    k, per_epoch = config.grad_accum, state.updates_per_epoch
+    k, per_epoch = config.recipe.grad_accum, state.updates_per_epoch
     # the first k-1 micro-batches' backward passes communicate nothing (the strategy's no_sync:
     # DDP's own for the DDP-based strategies; the others communicate in the optimizer step anyway)
     no_sync = getattr(strategy, "no_sync", None) or getattr(strategy.model, "no_sync", None) or contextlib.nullcontext
@@ -272,7 +268,7 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
         if data.val is not None:
             logs["val_loss"], logs["val_accuracy"] = evaluate(
                 strategy.module, data.val, worker_rank=strategy.worker_rank, workers=strategy.workers,
-                batch_size=config.batch_size, device=device, task=data.task, group=strategy.group,
+                batch_size=config.recipe.batch_size, device=device, task=data.task, group=strategy.group,
                 distributed=distributed, amp=amp, channels_last=config.channels_last, problems=loader.problems)
         state.record["epochs"].append(logs)
         if rank0:

@@ -179,3 +179,29 @@ def test_problem_log_reports_each_file_once_and_counts_every_use():
     assert {k: v for k, v in log.as_dict().items() if k != "files"} == {
         "files_skipped": 1, "samples_skipped": 2, "files_decoded_on_cpu": 1, "samples_decoded_on_cpu": 1,
         "files_not_listed": 0}
+
+
+@pytest.mark.parametrize("readers", [0, 2])
+def test_loader_processes_read_the_same_batches_as_threads(tmp_path, readers):
+    """With loader processes each batch is read in one of them (one shared tensor a batch); the batches,
+    the bad files' reports and their order are those of the in-process path (readers=0)."""
+    ds = _eval_set(hostile_folder(tmp_path))
+    order = [torch.tensor([5, 0, 9, 3]), torch.arange(len(ds)), torch.tensor([11, 2])]
+    ref = list(BatchPipeline(ds, torch.device("cpu"), threads=2).batches(order))
+    got = list(BatchPipeline(ds, torch.device("cpu"), threads=2, readers=readers).batches(order))
+    assert len(got) == len(ref) == 3
+    for (x, y, problems), (rx, ry, rproblems) in zip(got, ref):
+        assert torch.equal(y, ry) and x.shape == rx.shape
+        assert sorted(p.line() for p in problems) == sorted(p.line() for p in rproblems)
+        assert torch.isfinite(x).all()
+
+
+def test_a_file_that_cannot_be_read_in_a_loader_process_is_skipped_and_named(tmp_path):
+    from ddtrain.data.pipeline import read_batch
+    ds = _eval_set(hostile_folder(tmp_path))
+    gone = next(i for i in range(len(ds)) if ds.files[i].endswith("dog_1.jpg"))
+    (tmp_path / ds.files[gone]).unlink()
+    read = read_batch(ds, [0, gone, 1])
+    items = read.items(ds)
+    assert items[1].action == SKIPPED and "dog_1.jpg" in items[1].file and "cannot be read" in items[1].reason
+    assert bytes(items[0][:3]) == b"\xff\xd8\xff" and read.flat.numel() == sum(read.sizes)

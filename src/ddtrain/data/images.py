@@ -172,7 +172,7 @@ class ImageDataset(Dataset):
         decoder = gpu_decoder() if self.encoded and device.type == "cuda" else None
         if self.pipeline == "auto" and self.encoded and decoder is None:
             return None   # without nvjpeg the per-sample loader processes decode as fast as threads would
-        return BatchPipeline(self, device, threads=threads, decoder=decoder)
+        return BatchPipeline(self, device, threads=threads, decoder=decoder, readers=threads)
 
     def describe(self, device: torch.device, threads: int) -> dict:
         """Which path the samples take on ``device`` (for the results record)."""

@@ -54,7 +54,7 @@ class TrainConfig:
     amp: AmpMode = field(default="off", metadata={"agree": True, "resume": "same"})   # mixed precision (fp16 with a gradient scaler)
     channels_last: bool = False            # NHWC memory layout
     compile: bool = False                  # torch.compile the model
-    compile_options: Literal["auto", "tuned", "tuned-graphs", "default"] = "auto"   # with --compile on CUDA: tuned adds inductor's kernel tuning, tuned-graphs also CUDA graphs, auto tunes runs of >= 100,000 steps (tuned-graphs in one process, tuned otherwise) and takes the defaults for shorter ones, default is torch.compile's own (docs/PERFORMANCE.md)
+    compile_options: Literal["auto", "tuned", "tuned-graphs", "graphs", "default"] = "auto"   # with --compile on CUDA: tuned adds inductor's kernel tuning, tuned-graphs also CUDA graphs, graphs CUDA graphs without the tuning, auto tunes runs of >= 100,000 steps (tuned-graphs in one process, tuned otherwise) and takes the defaults for shorter ones, default is torch.compile's own (docs/PERFORMANCE.md)
     log_every: int = 0                     # print a line every N steps (0: per epoch)
     quiet: bool = False                    # no epoch lines or progress bar (errors only)
     out: str | None = None              # write the results record (JSON) here

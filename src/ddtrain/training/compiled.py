@@ -11,6 +11,7 @@ Measured on one H100, compiled ResNet-50 (batch 256, bf16, channels-last, GPU-re
 * CUDA graphs on top (``tuned-graphs``: inductor's ``triton.cudagraphs``) replay the step's
   kernels without launching each: 1.048x (5,933) with the fused optimizer. They need a single
   process: with several ranks the gradient all-reduce sits inside the backward graph;
+* ``graphs``: the CUDA graphs alone, without the tuning's longer compile;
 * ``max_autotune`` had not finished compiling after 9 minutes on an H200 (gpu_compile_modes.py).
 
 ``default`` gives torch.compile's own defaults. Off CUDA the options are left empty.
@@ -58,6 +59,8 @@ def options(choice: str, device: torch.device, world_size: int = 1, planned_step
         return {}
     if name == "tuned-graphs":
         return {**TUNED, "triton.cudagraphs": True}
+    if name == "graphs":       # one launch per step at torch.compile's compile time (no tuning)
+        return {"triton.cudagraphs": True}
     return dict(TUNED)
 
 

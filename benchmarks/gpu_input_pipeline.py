@@ -92,7 +92,7 @@ def ddtrain_command(variant: str, data: str, s: dict, out: Path) -> list[str]:
         argv.append("--channels-last")
     if "-cpu-" in variant:
         argv += ["--data-arg", "pipeline=cpu"]
-    if variant.endswith("-compiled") or variant.endswith("-compiled-nopriority"):
+    if variant.endswith(("-compiled", "-compiled-nopriority")):
         argv.append("--compile")
     if variant.endswith("-graphs"):     # CUDA graphs: the step one launch (--compile-options graphs)
         argv += ["--compile", "--compile-options", "graphs"]

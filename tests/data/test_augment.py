@@ -185,3 +185,20 @@ def test_normalisation_chunking_and_batch_order():
     normalised = augment.apply(tensors, plan, 32, normalize=True)
     mean, std = torch.tensor([0.485, 0.456, 0.406]).view(1, 3, 1, 1), torch.tensor([0.229, 0.224, 0.225]).view(1, 3, 1, 1)
     assert torch.allclose(normalised, (whole - mean) / std, atol=1e-5)
+
+
+def test_the_gpus_float16_resampling_stays_within_a_grey_level_of_pillow(monkeypatch):
+    """CUDA resamples in float16 (REGION_DTYPE); the same arithmetic on the CPU is as close to Pillow as float32."""
+    monkeypatch.setitem(augment.REGION_DTYPE, "cpu", torch.float16)
+    images, tensors = _batch(SHAPES, seed=3)
+    plan = augment.train_plan(torch.tensor([a.shape[0] for a in images]), torch.tensor([a.shape[1] for a in images]),
+                              224, torch.Generator().manual_seed(3))
+    out = augment.apply(tensors, plan, 224, normalize=False)
+    assert out.dtype == torch.float32
+    for k, a in enumerate(images):
+        top, left = int(plan.rows.start[k]), int(plan.cols.start[k])
+        h, w = int(plan.rows.length[k]), int(plan.cols.length[k])
+        reference = np.asarray(Image.fromarray(a).crop((left, top, left + w, top + h)).resize((224, 224), Image.BILINEAR))
+        if plan.flip[k]:
+            reference = reference[:, ::-1]
+        _assert_close_to_pillow(out[k].permute(1, 2, 0).numpy() * 255, reference, f"float16, image {a.shape}")

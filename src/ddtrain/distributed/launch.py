@@ -26,6 +26,12 @@ from ddtrain.errors import DDTrainError
 # A rank that stops because rank 0 reports the problem (once) exits with this status, silently.
 PEER_STOPPED_EXIT = 4
 LOST_PEER_EXIT = 5       # a rank whose connection to a failed peer broke (cli._report_unexpected)
+# Stopped by a preemption signal, every rank after the same step, with its state saved: run it again to
+# continue (sysexits.h's EX_TEMPFAIL, "try again later"; distinct from the failures above and 128 + N).
+PREEMPTED_EXIT = 75
+# Where each node's workers tell their launcher at which step they stopped and which checkpoint holds it
+# (JSON, written atomically by the node's local rank 0; ddtrain.reliability.preemption.write_report).
+PREEMPT_REPORT_ENV = "DDTRAIN_PREEMPT_REPORT"
 LAUNCHER_PID_ENV = "DDTRAIN_LAUNCHER_PID"   # set by run_local for its workers (die_with_launcher)
 # Why the workers were (re)started at their size, for the membership record (reliability.ownership).
 MEMBERSHIP_REASON_ENV = "DDTRAIN_MEMBERSHIP_REASON"

@@ -168,3 +168,57 @@ def test_a_signal_before_the_first_step_is_a_clean_exit_with_nothing_half_writte
     assert job.returncode in (75, 143), err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert checkpoint.listing(ck) == [] and leftovers(ck) == []
+
+
+SCRIPT = """import os, sys, time
+import torch
+import ddtrain
+from ddtrain.distributed.env import detect_env
+from ddtrain.reliability.preemption import Preemption, write_report
+
+ddtrain.init()
+me, directory = detect_env(), os.environ["DDTRAIN_CHECKPOINT_DIR"]
+os.makedirs(directory, exist_ok=True)
+stop = Preemption().install()   # SIGTERM, SIGINT and DDTRAIN_PREEMPT_SIGNAL's (USR1 here)
+assert stop.signals == ("SIGTERM", "SIGINT", "SIGUSR1"), stop.signals
+step = 0
+while True:
+    time.sleep(0.01)
+    step += 1
+    if me.rank == 0 and step == 50:
+        print("step 50", flush=True)
+    if stop.should_stop():
+        path = os.path.join(directory, "state.pt")
+        if me.rank == 0:
+            torch.save({"step": step}, path)
+        torch.distributed.barrier()
+        if me.local_rank == 0:
+            write_report(step, path, signal_name=stop.signal_name, signal_at=stop.first and stop.first[1],
+                         rank=me.rank, saved=True)
+        break
+"""
+
+
+@pytest.mark.slow
+def test_ddtrain_run_passes_usr1_on_to_a_script_that_stops_with_the_library_component(tmp_path):
+    (tmp_path / "loop.py").write_text(SCRIPT)
+    ck = tmp_path / "state"
+    job = subprocess.Popen([sys.executable, "-m", "ddtrain", "run", "--nproc", "3", "--checkpoint-dir", str(ck),
+                            "--preempt-signal", "USR1", str(tmp_path / "loop.py")], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env(), start_new_session=True)
+    try:
+        for line in job.stdout:
+            if line.startswith("step 50"):
+                break
+        os.kill(job.pid, signal.SIGUSR1)   # torch before 2.9 would not pass USR1 on; ddtrain's launcher does
+        _, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == 75, err
+    got = re.match(r"^ddtrain: stopped by SIGUSR1: every worker finished step (\d+); checkpoint (\S+) written "
+                   r"\d+\.\d+ s after the signal; run the same command again: the script continues from its state "
+                   r"in (\S+)$", err.strip().splitlines()[-1])
+    assert got and got.group(2) == str(ck / "state.pt") and got.group(3) == str(ck), err
+    assert torch.load(ck / "state.pt")["step"] == int(got.group(1)) >= 50

@@ -604,10 +604,12 @@ class Checkpointer:
 
         Training waits while the state is gathered and copied to host memory; the file is written
         in the background (``checkpoint_sync``: here). The time it waited is appended to
-        ``info["checkpoint_stall_s"]``.
+        ``info["checkpoint_stall_s"]``, and the part of it spent waiting for the previous write to
+        finish (saves more often than a write takes) to ``info["checkpoint_write_wait_s"]``.
         """
         began = time.perf_counter()
         self._settle(step)  # at most one write in flight; the previous one's failure stops every rank here
+        waited = time.perf_counter() - began
         stall.mark(step, "checkpoint (gather to rank 0)")
         # one global state: replicas kept identical, or the parameter servers' (rank 0 fetches the
         # optimizer state from them: ``optimizer.state_dict()`` of a ps worker asks the servers)
@@ -640,6 +642,8 @@ class Checkpointer:
             self.info["last_checkpoint"] = str(path)   # in the background: its failure stops the run (settle)
         self.info["checkpoints_written"] += 1
         self.info.setdefault("checkpoint_stall_s", []).append(round(time.perf_counter() - began, 6))
+        if self.in_background:
+            self.info.setdefault("checkpoint_write_wait_s", []).append(round(waited, 6))
 
     def _settle(self, step=None) -> None:
         """Collective (the workers): wait for the write in flight on rank 0; its failure is raised on every rank."""

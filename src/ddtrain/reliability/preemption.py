@@ -161,11 +161,11 @@ class Preemption:
         total = self.store.add(key, 1 + (_SIGNALLED if self.requested else 0))
         done = key + "/done"
         if total % _SIGNALLED == n:   # the last to arrive: all have added (the signalled ones their mark too)
-            self.store.set(done, str(total))
             if self.checks > 1:       # everyone has read the previous check's answer before adding to this one
                 previous = f"{self._prefix}/{self.checks - 1}"
                 for old in (previous, previous + "/done"):
                     self.store.delete_key(old)
+            self.store.set(done, str(total))
         else:
             try:
                 self.store.wait([done], datetime.timedelta(seconds=self.timeout_s))

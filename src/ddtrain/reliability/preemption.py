@@ -17,8 +17,9 @@ last to arrive publishes the total, which all of them read. Not a collective of 
 group, which may be a NCCL group busy on another stream, and which the parameter servers (ranks
 that never run a step: they stop when the workers finish) are not part of; not a new Gloo group,
 whose creation every rank including the servers would have to join at the same point. The store
-costs each rank three round trips per check (about 0.1 ms on one host) whatever the number of
-ranks, and needs no group. Every wait has a deadline (the job's ``--timeout``).
+costs each rank three round trips per check whatever the number of ranks (0.75 ms per check on 3
+ranks sharing 2 cores, where an all-reduce of one int over Gloo took 1.35 ms:
+results/preemption/check_cost.json), and needs no group. Every wait has a deadline (the job's ``--timeout``).
 """
 from __future__ import annotations
 

@@ -192,7 +192,7 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
     # DDP's own for the DDP-based strategies; the others communicate in the optimizer step anyway)
     no_sync = getattr(strategy, "no_sync", None) or getattr(strategy.model, "no_sync", None) or contextlib.nullcontext
     preemption = state.preemption
-    if preemption is not None and preemption.should_stop():   # signalled before the first step: nothing new to save
+    if preemption is not None and _stop_agreed(preemption, step):   # signalled before the first step: nothing to save
         _preempted(state, saved=False)
         return
     step_model.train()
@@ -265,7 +265,7 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
                 for hook in step_end:
                     hook(step, logs, state)
             # every worker stops after the same step, any of them signalled (the last step ends the run anyway)
-            if preemption is not None and not checkpointer.final and preemption.should_stop():
+            if preemption is not None and not checkpointer.final and _stop_agreed(preemption, step):
                 if not saved:
                     checkpointer.save(step, steps_done)
                 _preempted(state, saved=True)
@@ -293,6 +293,11 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
             hook(epoch, logs, state)
         if max_steps and step >= max_steps:
             break
+
+
+def _stop_agreed(preemption, step: int) -> bool:
+    stall.mark(step, "preemption check (every worker, through the store)")
+    return preemption.should_stop()
 
 
 def _preempted(state: TrainState, saved: bool) -> None:

@@ -49,39 +49,62 @@ def test_extra_signals_come_from_the_environment_by_default(monkeypatch):
         Preemption(participants=1)
 
 
-def _ranks_stop_together(signalled_rank: int, at_check: int, checks: int):
-    """Every rank checks ``checks`` times; ``signalled_rank`` signals itself (a real SIGTERM) before check ``at_check``."""
+def _ranks_stop_together(signalled_rank: int, at_check: int, checks: int, every_s: float = 0.0,
+                         step_s: float = 0.0):
+    """Every rank calls ``should_stop`` ``checks`` times, ``step_s`` apart; ``signalled_rank`` signals itself
+    (a real SIGTERM) before call ``at_check``. Returns (answers, signalled, check keys left, checks made)."""
+    import time
+
     import torch.distributed as dist
     from ddtrain.distributed.job import default_store
     answers = []
-    with Preemption(participants=dist.get_world_size(), timeout_s=30, name="test-together") as stop:
+    with Preemption(participants=dist.get_world_size(), timeout_s=30, check_every_s=every_s,
+                    name="test-together") as stop:
         for check in range(1, checks + 1):
+            time.sleep(step_s * (1 + dist.get_rank()) / 2)   # ranks at different speeds, as between collectives
             if check == at_check and dist.get_rank() == signalled_rank:
                 os.kill(os.getpid(), signal.SIGTERM)
             answers.append(stop.should_stop())
         prefix = stop._prefix
     store = default_store()
     left = [check for check in range(1, checks + 1) if store.check([f"{prefix}/{check}"])]
-    return answers, stop.requested, left
+    return answers, stop.requested, left, stop.checks
 
 
 def test_three_ranks_stop_at_the_same_check_when_only_rank_1_is_signalled():
-    results = run_ranks(_ranks_stop_together, 3, 1, 4, 6)
-    for rank, (answers, requested, _) in enumerate(results):
+    results = run_ranks(_ranks_stop_together, 3, 1, 4, 6)   # check_every_s=0: a check at every call
+    for rank, (answers, requested, _, _) in enumerate(results):
         assert answers == [False, False, False, True, True, True], (rank, answers)
         assert requested == (rank == 1)
     # the last to arrive at a check removes the previous check's keys: only the fourth's are left (no later check ran)
-    assert all(left == [4] for _, _, left in results), results
+    assert all(left == [4] for _, _, left, _ in results), results
 
 
-def _no_signal(checks: int):
+def test_with_checks_every_50_ms_all_ranks_still_stop_at_the_same_call_soon_after_the_signal():
+    # calls 10 ms apart on rank 0 (20 and 30 ms on the others): rank 0 spaces the checks to about 50 ms
+    results = run_ranks(_ranks_stop_together, 3, 1, 10, 40, 0.05, 0.02)
+    firsts = {answers.index(True) + 1 for answers, _, _, _ in results}
+    assert len(firsts) == 1, results                    # the same call on every rank
+    first = firsts.pop()
+    assert 10 <= first <= 10 + 6, results               # within about 50 ms of calls after the signal
+    checks = {made for _, _, _, made in results}
+    assert len(checks) == 1 and checks.pop() <= first, results   # the same checks on every rank
+
+
+def _no_signal(checks: int, every_s: float):
     import torch.distributed as dist
-    with Preemption(participants=dist.get_world_size(), timeout_s=30, name="test-none") as stop:
-        return [stop.should_stop() for _ in range(checks)]
+    with Preemption(participants=dist.get_world_size(), timeout_s=30, check_every_s=every_s, name="test-none") as stop:
+        return [stop.should_stop() for _ in range(checks)], stop.checks
 
 
 def test_no_signal_no_stop_on_three_ranks():
-    assert run_ranks(_no_signal, 3, 5) == [[False] * 5] * 3
+    assert run_ranks(_no_signal, 3, 5, 0.0) == [([False] * 5, 5)] * 3
+
+
+def test_back_to_back_boundaries_ask_the_store_twice_then_not_for_a_thousand():
+    # the first check has no clock yet (the next boundary checks again); the second sees boundaries taking
+    # microseconds against 10 s between checks: the most boundaries between two checks, 1000
+    assert run_ranks(_no_signal, 3, 40, 10.0) == [([False] * 40, 2)] * 3
 
 
 def _one_rank_missing():

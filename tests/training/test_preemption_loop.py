@@ -2,7 +2,7 @@
 that was never stopped, bit for bit, dropout RNG, cosine lr schedule and epoch metrics included; a signal before
 the first step writes nothing; a second signal during the save leaves it whole; a full disk (a real 1 MB tmpfs)
 during the preemption save keeps the previous checkpoint and says so once; a failed background write stops the
-run at the next save. The multi-process runs are tests/integration/test_preemption.py."""
+run at the next save. The multi-process runs are tests/integration/test_launch_preemption.py."""
 from __future__ import annotations
 
 import contextlib

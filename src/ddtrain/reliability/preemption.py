@@ -13,17 +13,22 @@ the save only counts once more: the write goes on (and is atomic in any case: ob
 
 How the ranks agree: through the job's key-value store (``default_store()``), one counter per
 check that every participating rank adds to (1, plus ``_SIGNALLED`` if it was signalled); the
-last to arrive publishes the total, which all of them read. Not a collective of the training
+last to arrive publishes the total, which all of them read. A check is a meeting of all ranks,
+so it is not made at every boundary: rank 0 times the boundaries and publishes with each check
+how many boundaries to let pass before the next, so that the ranks meet about every
+``check_every_s`` (0.2 s) of training; all of them read the same number, so they check at the
+same boundaries, and a signal is obeyed within about that time (plus the step in flight). Not a collective of the training
 group, which may be a NCCL group busy on another stream, and which the parameter servers (ranks
 that never run a step: they stop when the workers finish) are not part of; not a new Gloo group,
 whose creation every rank including the servers would have to join at the same point. The store
-costs each rank three round trips per check whatever the number of ranks (0.75 ms per check on 3
-ranks sharing 2 cores, where an all-reduce of one int over Gloo took 1.35 ms:
+costs each rank three or four round trips per check whatever the number of ranks (0.56 ms per
+check on 3 ranks sharing 2 cores, where an all-reduce of one int over Gloo took 1.23 ms:
 results/preemption/check_cost.json), and needs no group. Every wait has a deadline (the job's ``--timeout``).
 """
 from __future__ import annotations
 
 import datetime
+import math
 import os
 import signal
 import threading
@@ -38,6 +43,8 @@ __all__ = ["PREEMPTED_EXIT", "ALWAYS", "Preemption", "parse_signals", "write_rep
 ALWAYS = ("SIGTERM", "SIGINT")           # what schedulers (and Ctrl-C) send to stop a job: always handled
 EXTRA_SIGNALS_ENV = "DDTRAIN_PREEMPT_SIGNAL"   # what --preempt-signal adds, for the workers of `ddtrain run`
 _SIGNALLED = 1 << 32                      # added to a check's counter by a signalled rank (> any rank count)
+CHECK_EVERY_S = 0.2                       # seconds of training between two checks of the ranks
+MOST_BOUNDARIES = 1000                    # boundaries between two checks at most, however short the steps
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
 _serial: dict[str, int] = {}              # per name: Preemption objects made in this process (the same on every rank)
 
@@ -71,14 +78,15 @@ class Preemption:
 
     ``signals``: the signal names handled besides SIGTERM and SIGINT (``--preempt-signal``; by
     default those of ``DDTRAIN_PREEMPT_SIGNAL``). ``participants`` ranks (the workers, ranks 0 to
-    participants-1; default: the whole job) call ``should_stop`` at the same boundaries. Every
+    participants-1; default: the whole job) call ``should_stop`` at every boundary (it asks the
+    others only every ``check_every_s`` seconds or so; 0: at every boundary). Every
     process of the job should ``install()``, the parameter servers too (so that a signal does not
     kill them before the workers have saved), but only participants call ``should_stop``.
     Use as a context manager, or ``install()`` and ``restore()``.
     """
 
     def __init__(self, signals=None, *, participants: int | None = None, timeout_s: float | None = None,
-                 name: str = "train"):
+                 check_every_s: float = CHECK_EVERY_S, name: str = "train"):
         import torch.distributed as dist
         extra = parse_signals(os.environ.get(EXTRA_SIGNALS_ENV, ""), EXTRA_SIGNALS_ENV) if signals is None \
             else parse_signals(",".join(signals) if not isinstance(signals, str) else signals)
@@ -99,7 +107,10 @@ class Preemption:
         self.count = 0                   # signals received by this process (set by the handler only)
         self.first: tuple[int, float] | None = None   # (signal number, time.time()) of the first
         self.stopped = False             # agreed: every participant stops
-        self.checks = 0
+        self.boundaries = self.checks = 0   # calls of should_stop, and those that asked the others
+        self.check_every_s = float(check_every_s)
+        self.leader = (dist.get_rank() if grouped else 0) == 0   # rank 0 times the boundaries for all
+        self._next_check, self._clock = 1, None
         self._previous: dict[int, object] = {}
 
     # ---- this process ----------------------------------------------------------------------
@@ -124,6 +135,17 @@ class Preemption:
             signal.signal(number, handler if handler is not None else signal.SIG_DFL)
         self._previous = {}
 
+    def _interval(self) -> int:
+        """Rank 0: boundaries until the next check, so that checks come about every ``check_every_s`` seconds."""
+        now = time.perf_counter()
+        every = 1
+        if self._clock is not None and self.check_every_s > 0:
+            per_boundary = (now - self._clock[1]) / max(self.boundaries - self._clock[0], 1)
+            every = MOST_BOUNDARIES if per_boundary <= 0 else \
+                max(1, min(MOST_BOUNDARIES, math.ceil(self.check_every_s / per_boundary)))
+        self._clock = (self.boundaries, now)
+        return every
+
     def __enter__(self) -> Preemption:
         return self.install()
 
@@ -147,26 +169,33 @@ class Preemption:
     # ---- every participant ------------------------------------------------------------------
 
     def should_stop(self) -> bool:
-        """Did any participant receive a signal? Every participant calls this at the same boundaries and gets one answer.
+        """Did any participant receive a signal? Every participant calls this at every boundary and gets one answer.
 
-        Once True it stays True (and asks nobody again). Raises DDTrainError when the others
+        Between checks (see ``check_every_s``) it answers False without asking anybody; once
+        True it stays True (and asks nobody again). Raises DDTrainError when the others
         do not all arrive within the deadline (a rank failed or is stuck elsewhere).
         """
         if self.stopped:
             return True
-        self.checks += 1
+        self.boundaries += 1
         if self.store is None:
             self.stopped = self.requested
             return self.stopped
+        if self.boundaries < self._next_check:
+            return False
+        self.checks += 1
         key, n = f"{self._prefix}/{self.checks}", self.participants
+        if self.leader:   # before its add: whoever arrives last finds it
+            self.store.set(key + "/every", str(self._interval()))
         total = self.store.add(key, 1 + (_SIGNALLED if self.requested else 0))
         done = key + "/done"
         if total % _SIGNALLED == n:   # the last to arrive: all have added (the signalled ones their mark too)
             if self.checks > 1:       # everyone has read the previous check's answer before adding to this one
                 previous = f"{self._prefix}/{self.checks - 1}"
-                for old in (previous, previous + "/done"):
+                for old in (previous, previous + "/done", previous + "/every"):
                     self.store.delete_key(old)
-            self.store.set(done, str(total))
+            every = int(self.store.get(key + "/every"))
+            self.store.set(done, f"{total} {every}")
         else:
             try:
                 self.store.wait([done], datetime.timedelta(seconds=self.timeout_s))
@@ -177,7 +206,8 @@ class Preemption:
                 raise DDTrainError(f"preemption check {self.checks}: only {arrived} of the {n} ranks arrived within "
                                    f"the {self.timeout_s:g} s deadline (--timeout); another rank failed or is stuck "
                                    "elsewhere") from None
-            total = int(self.store.get(done))
+            total, every = (int(v) for v in self.store.get(done).split())
+        self._next_check = self.boundaries + every
         self.stopped = total >= _SIGNALLED
         return self.stopped
 

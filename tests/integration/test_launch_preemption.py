@@ -108,15 +108,16 @@ def test_three_ranks_stop_after_the_same_step_when_only_rank_1_is_signalled(tmp_
     # gradient in another order than the uninterrupted run did; with 2 ranks a + b = b + a hides it, with 3 it
     # shows (about 1e-7, on any resume at R >= 3; docs/RELIABILITY.md). --find-unused-parameters keeps the first layout.
     ck, ddp = tmp_path / "ck", ["--find-unused-parameters"]
-    # rank 1 sends itself SIGTERM at the start of its 21st step: every rank finishes that step and stops
+    # rank 1 sends itself SIGTERM at the start of its 21st step: every rank stops after the same step
     first = run("--nproc", "3", *ddp, "--checkpoint-dir", str(ck), "--checkpoint-every", "100000",
                 DDTRAIN_FAULT="rank=1,step=20,kind=term")
     assert first.returncode == 75, first.stderr
     got = STOPPED.match(first.stderr.strip().splitlines()[-1])
-    assert got and got.group(1) == "a signal to a worker" and got.group(2) == "21", first.stderr
-    assert [p.name for _, p in checkpoint.listing(ck)] == ["ckpt-00000021.pt"]
-    header, payload = checkpoint.read(checkpoint.path_for(ck, 21))
-    assert header["step"] == 21 and header["world_size"] == 3 and len(payload["ranks"]) == 3
+    assert got and got.group(1) == "a signal to a worker", first.stderr
+    step = int(got.group(2))   # at the first check of the ranks after the signal: a step or a few later
+    assert 21 <= step < 90 and [p.name for _, p in checkpoint.listing(ck)] == [f"ckpt-{step:08d}.pt"], first.stderr
+    header, payload = checkpoint.read(checkpoint.path_for(ck, step))   # one step, every rank's part in it
+    assert header["step"] == step and header["world_size"] == 3 and len(payload["ranks"]) == 3
     resumed = run("--nproc", "3", *ddp, "--checkpoint-dir", str(ck), "--resume", "--save", str(tmp_path / "resumed.pt"))
     assert resumed.returncode == 0, resumed.stderr
     plain = run("--nproc", "3", *ddp, "--save", str(tmp_path / "plain.pt"))

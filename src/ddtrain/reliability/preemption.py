@@ -21,8 +21,8 @@ same boundaries, and a signal is obeyed within about that time (plus the step in
 group, which may be a NCCL group busy on another stream, and which the parameter servers (ranks
 that never run a step: they stop when the workers finish) are not part of; not a new Gloo group,
 whose creation every rank including the servers would have to join at the same point. The store
-costs each rank three or four round trips per check whatever the number of ranks (0.56 ms per
-check on 3 ranks sharing 2 cores, where an all-reduce of one int over Gloo took 1.23 ms:
+costs each rank three or four round trips per check whatever the number of ranks (560 µs per
+check on 3 ranks sharing 2 cores, where an all-reduce of one int over Gloo took 1,227 µs:
 results/preemption/check_cost.json), and needs no group. Every wait has a deadline (the job's ``--timeout``).
 """
 from __future__ import annotations

@@ -124,3 +124,19 @@ def test_a_check_that_not_every_rank_reaches_fails_at_its_deadline_naming_the_co
     assert results[2] == "away"
     for text in results[:2]:
         assert "only 2 of the 3 ranks arrived within the 1 s deadline" in text, text
+
+
+def test_the_preemption_settings_are_checked_naming_the_flag():
+    from ddtrain.errors import ConfigError
+    from ddtrain.reliability.config import ReliabilityConfig
+    for settings, message in [({"preempt_signal": "KILL", "checkpoint_dir": "d"},
+                               "preempt_signal 'KILL': SIGKILL cannot be caught, so no checkpoint could follow it"),
+                              ({"preempt_signal": "USR1"}, "preempt_signal needs --checkpoint-dir DIR"),
+                              ({"requeue": True}, "requeue needs --checkpoint-dir DIR"),
+                              ({"preempt_grace_s": 0, "checkpoint_dir": "d"},
+                               "preempt_grace_s must be a positive number of seconds, got 0")]:
+        with pytest.raises(ConfigError) as caught:
+            ReliabilityConfig(**settings)
+        assert str(caught.value) == message
+    assert ReliabilityConfig(checkpoint_dir="d", preempt_signal="usr1,USR2").preempt_signals() == \
+        ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")

@@ -131,8 +131,8 @@ def test_the_preemption_settings_are_checked_naming_the_flag():
     from ddtrain.reliability.config import ReliabilityConfig
     for settings, message in [({"preempt_signal": "KILL", "checkpoint_dir": "d"},
                                "preempt_signal 'KILL': SIGKILL cannot be caught, so no checkpoint could follow it"),
-                              ({"preempt_signal": "USR1"}, "preempt_signal needs --checkpoint-dir DIR"),
-                              ({"requeue": True}, "requeue needs --checkpoint-dir DIR"),
+                              ({"preempt_signal": "USR1"}, "preempt_signal needs checkpoint_dir"),
+                              ({"requeue": True}, "requeue needs checkpoint_dir"),
                               ({"preempt_grace_s": 0, "checkpoint_dir": "d"},
                                "preempt_grace_s must be a positive number of seconds, got 0")]:
         with pytest.raises(ConfigError) as caught:

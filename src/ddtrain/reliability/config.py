@@ -1,10 +1,10 @@
 """Checkpoints, restarts and what to do when training goes wrong."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
-from ddtrain.errors import ConfigError, DDTrainError
+from ddtrain.errors import ConfigError, DDTrainError, check_choices
 
 
 @dataclass(kw_only=True)
@@ -12,13 +12,13 @@ class ReliabilityConfig:
     """Checkpoints and failure handling (docs/RELIABILITY.md)."""
 
     checkpoint_dir: str | None = None                # write checkpoints here (rank 0; see docs/RELIABILITY.md)
-    checkpoint_every: int = 0                           # steps between checkpoints (0: at the end of every epoch)
+    checkpoint_every: int = field(default=0, metadata={"agree": True, "resume": "may-change"})   # steps between checkpoints (0: at the end of every epoch)
     keep: int = 3                                       # newest checkpoints to keep; older ones are deleted
     resume: bool = False                                # continue from the newest whole checkpoint in --checkpoint-dir
     resume_any: bool = False                            # with --resume: continue even from a checkpoint another run wrote into --checkpoint-dir (its lineage is adopted)
     max_restarts: int = 0                               # restart all workers this often after one fails (they resume from the last checkpoint)
-    on_nonfinite: Literal["stop", "skip"] = "stop"      # non-finite loss or gradients: stop naming step and rank, or skip the step on every rank
-    on_mismatch: Literal["stop", "rebroadcast"] = "stop"  # replicas differ at a --check-every check: stop, or copy rank 0's parameters to all
+    on_nonfinite: Literal["stop", "skip"] = field(default="stop", metadata={"agree": True, "resume": "may-change"})   # non-finite loss or gradients: stop naming step and rank, or skip the step on every rank
+    on_mismatch: Literal["stop", "rebroadcast"] = field(default="stop", metadata={"agree": True, "resume": "may-change"})   # replicas differ at a --check-every check: stop, or copy rank 0's parameters to all
     checkpoint_sync: bool = False                       # write checkpoints on the training thread (default: copied there, written to disk in the background)
     preempt_signal: str = ""                            # with --checkpoint-dir, also stop and save on this signal (e.g. USR1 for sbatch --signal=USR1@120); SIGTERM and SIGINT always do (docs/RELIABILITY.md)
     preempt_grace_s: float = 120.0                      # after a stop signal, seconds the launcher gives its workers to finish the step and save before killing them
@@ -31,9 +31,7 @@ class ReliabilityConfig:
                 raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
         if not isinstance(self.keep, int) or isinstance(self.keep, bool) or self.keep < 1:
             raise ConfigError("keep", f"must be a positive integer, got {self.keep!r}")
-        for name, allowed in (("on_nonfinite", ("stop", "skip")), ("on_mismatch", ("stop", "rebroadcast"))):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(name, f"{getattr(self, name)!r} is not one of: {', '.join(allowed)}")
+        check_choices(self)
         if not isinstance(self.preempt_grace_s, (int, float)) or isinstance(self.preempt_grace_s, bool) \
                 or not 0 < self.preempt_grace_s < float("inf"):
             raise ConfigError("preempt_grace_s", f"must be a positive number of seconds, got {self.preempt_grace_s!r}")
@@ -43,10 +41,10 @@ class ReliabilityConfig:
         except DDTrainError as exc:
             raise ConfigError("preempt_signal", str(exc).split(" ", 1)[-1]) from None
         if self.resume_any and not self.resume:
-            raise ConfigError("resume_any", "needs --resume")
+            raise ConfigError("resume_any", "needs resume", mentions=("resume",))
         for name in ("resume", "checkpoint_every", "preempt_signal", "requeue"):
             if getattr(self, name) and not self.checkpoint_dir:
-                raise ConfigError(name, "needs --checkpoint-dir DIR")
+                raise ConfigError(name, "needs checkpoint_dir", mentions=(name,) if "_" not in name else ())
 
     def preempt_signals(self) -> tuple[str, ...]:
         """The signals that stop training with a checkpoint: SIGTERM, SIGINT and --preempt-signal's."""

@@ -70,5 +70,5 @@ class TrainState:
     nonfinite: NonfiniteGuard | None = None
     replicas: ReplicaCheck | None = None        # on workers of a distributed run
     preemption: Preemption | None = None        # with a checkpoint_dir: stop and save on SIGTERM and the like
-    schedule: Any = None                # the lr schedule (training.recipe.Schedule), when not constant
+    schedule: Any = None                # the lr schedule (ddtrain.recipe.Schedule), when not constant
     updates_per_epoch: int = 0          # optimizer steps in an epoch (micro-batches // grad_accum)

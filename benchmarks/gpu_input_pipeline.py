@@ -55,12 +55,10 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # in the order they run: the compiled ddtrain variants first (cold, then warm inductor cache)
 VARIANTS = ("ddtrain-folder-compiled", "ddtrain-packed-compiled", "plain-compiled", "plain-eager",
             "ddtrain-folder-eager", "ddtrain-folder-cpu-eager", "ddtrain-packed-eager", "bench-folder", "bench-packed",
-            "compile-tuned-cold", "compile-tuned-warm", "ddtrain-folder-graphs", "ddtrain-packed-graphs",
-            "ddtrain-folder-compiled-nopriority")
+            "compile-tuned-cold", "compile-tuned-warm", "ddtrain-folder-graphs", "ddtrain-packed-graphs")
 # not in the default run (they need ~5 minutes of their own): --compile-options tuned-graphs on GPU-resident
 # synthetic data, twice, from an empty inductor cache and then from the cache the first one filled
-OPTIONAL = ("compile-tuned-cold", "compile-tuned-warm", "ddtrain-folder-graphs", "ddtrain-packed-graphs",
-            "ddtrain-folder-compiled-nopriority")
+OPTIONAL = ("compile-tuned-cold", "compile-tuned-warm", "ddtrain-folder-graphs", "ddtrain-packed-graphs")
 
 
 def settings(args) -> dict:
@@ -92,7 +90,7 @@ def ddtrain_command(variant: str, data: str, s: dict, out: Path) -> list[str]:
         argv.append("--channels-last")
     if "-cpu-" in variant:
         argv += ["--data-arg", "pipeline=cpu"]
-    if variant.endswith(("-compiled", "-compiled-nopriority")):
+    if variant.endswith("-compiled"):
         argv.append("--compile")
     if variant.endswith("-graphs"):     # CUDA graphs: the step one launch (--compile-options graphs)
         argv += ["--compile", "--compile-options", "graphs"]
@@ -124,8 +122,6 @@ def run_variant(variant: str, paths: dict, s: dict, work: Path, timeout_s: float
     else:
         data = f"imagefolder:{paths['folder']}" if "folder" in variant else f"packed:{paths['packed']}"
         argv = ddtrain_command(variant, data, s, out)
-    if variant.endswith("-nopriority"):   # the step on the default stream, as the pipeline's (ddtrain.training.loop)
-        env = {**env, "DDTRAIN_STEP_PRIORITY": "0"}
     start = time.perf_counter()
     try:
         proc = runner(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
@@ -152,7 +148,7 @@ def ratios(results: dict) -> dict:
     for name, r in results.items():
         if name.startswith("compile-"):      # compile times, on synthetic data: nothing to compare with
             continue
-        compiled = name.endswith(("-compiled", "-graphs", "-nopriority"))
+        compiled = name.endswith(("-compiled", "-graphs"))
         base = results.get("plain-compiled" if compiled else "plain-eager", {})
         if r.get("ok") and base.get("ok") and base.get("images_per_s"):
             out[name] = r["images_per_s"] / base["images_per_s"]

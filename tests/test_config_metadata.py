@@ -44,6 +44,8 @@ PERTURB = {
     # reliability, measurement, tracking: written alongside training
     "checkpoint_dir": ("{tmp}/ckpt", {}), "checkpoint_every": (1, {"checkpoint_dir": "{tmp}/ckpt"}),
     "keep": (1, {"checkpoint_dir": "{tmp}/ckpt"}), "on_nonfinite": ("skip", {}), "on_mismatch": ("rebroadcast", {}),
+    "checkpoint_sync": (True, {"checkpoint_dir": "{tmp}/ckpt"}), "preempt_signal": ("USR1", {"checkpoint_dir": "{tmp}/ckpt"}),
+    "requeue": (True, {"checkpoint_dir": "{tmp}/ckpt"}),
     "profile": (True, {}), "trace": ("{tmp}/trace.json", {}), "monitor_system": (True, {}),
     "monitor_every": (0.25, {"monitor_system": True}), "warmup_steps": (1, {"profile": True}),
     "csv": ("{tmp}/metrics.csv", {}), "track_every": (2, {"csv": "{tmp}/metrics.csv"}),
@@ -54,6 +56,7 @@ NOT_PERTURBED = {
     "resume": "needs a checkpoint to resume: tests/reliability resume and compare against uninterrupted runs",
     "resume_any": "needs another run's checkpoint (tests/reliability/test_ownership.py)",
     "max_restarts": "read by the launcher (torchrun's agent restarts workers), not by fit",
+    "preempt_grace_s": "read by the launcher (how long it lets the workers save after a stop signal), not by fit",
     "mlflow": "an optional library that logs to a tracking server (tests/observe/test_tracking.py)",
     # ddtrain.distributed: how the process joins the job, read by ddtrain.init and the launcher
     **dict.fromkeys(("backend", "timeout", "nnodes", "node_rank", "rdzv_endpoint", "skip_doctor"),

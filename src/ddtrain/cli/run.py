@@ -43,6 +43,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where the script keeps its state, exported to the workers as DDTRAIN_CHECKPOINT_DIR (None: "
                         "that variable's value if set); needed to change size: after one the script loads its "
                         "state from there")
+    p.add_argument("--preempt-signal", metavar="SIG", default="",
+                   help="with --checkpoint-dir: a signal besides SIGTERM and SIGINT that the launcher passes on to the "
+                        "workers to stop and save (e.g. USR1 for sbatch --signal=USR1@120), told to the script as "
+                        "DDTRAIN_PREEMPT_SIGNAL (docs/RELIABILITY.md, 'Preemption')")
+    p.add_argument("--preempt-grace-s", metavar="S", type=float, default=120.0,
+                   help="with --checkpoint-dir: after a stop signal, the seconds the workers get to save before the "
+                        "launcher kills them (default 120)")
+    p.add_argument("--requeue", action="store_true",
+                   help="with --checkpoint-dir, under SLURM: when the workers stopped on a signal with their state "
+                        "saved, requeue the job (scontrol requeue)")
     p.add_argument("--global-batch-size", metavar="G", type=int, default=None,
                    help="the script's samples per optimizer update over all workers, kept at every size, exported "
                         "to the workers as DDTRAIN_GLOBAL_BATCH_SIZE (None: that variable's value if set): a "
@@ -72,9 +82,18 @@ def main(args) -> int:
                       rdzv_endpoint=args.rdzv_endpoint, **timeout)
     checkpoint_dir = args.checkpoint_dir or job.checkpoint_dir()
     global_batch = args.global_batch_size if args.global_batch_size is not None else job.global_batch_size()
+    if (args.preempt_signal or args.requeue) and not checkpoint_dir:
+        raise DDTrainError(f"{'--preempt-signal' if args.preempt_signal else '--requeue'} needs --checkpoint-dir DIR "
+                           "(where the script saves its state when stopped)")
+    if not args.preempt_grace_s > 0:
+        raise DDTrainError(f"--preempt-grace-s must be a positive number of seconds, got {args.preempt_grace_s}")
+    from ddtrain.reliability.preemption import parse_signals
     spec = LaunchSpec(nproc=nproc, min_nproc=min_nproc, dist=dist, max_restarts=args.max_restarts,
                       checkpoint_dir=checkpoint_dir, global_batch_size=global_batch,
-                      worker_batch="each worker's batch")
+                      worker_batch="each worker's batch", preempt_signals=parse_signals(args.preempt_signal),
+                      preempt_grace_s=args.preempt_grace_s, requeue=args.requeue,
+                      resume_hint="run the same command again: the script continues from its state in "
+                                  f"{checkpoint_dir}")
     if not os.path.isfile(args.script):
         raise DDTrainError(f"{args.script}: no such script")
     env = {}

@@ -4,10 +4,11 @@ One file per checkpoint, ``DIR/ckpt-00000120.pt`` for the state after 120 steps,
 rank's part: rank 0 gathers the parts (``gather_object``), alone writes and reads the files,
 and on resume hands each rank its own part back (``scatter_object_list``). So the directory
 only has to exist on rank 0's host, and a checkpoint is complete or absent, never half of
-the ranks. A rank's part is its RNG states (torch CPU and CUDA, Python ``random``, numpy)
-and its running epoch metrics; the model, optimizer and gradient-scaler states are stored
-once when the strategy keeps replicas identical (ddp and the all-reduce strategies), else
-once per rank; files are written atomically and verified when read (``write``).
+the ranks. A rank's part is its RNG states (torch CPU and CUDA, Python ``random``, numpy),
+its running epoch metrics and its gradient compressor's state (error feedback, PowerSGD's Q,
+DDP's buckets); the model, optimizer and gradient-scaler states are stored once when the
+strategy keeps replicas identical (ddp and the all-reduce strategies), else once per rank;
+files are written atomically and verified when read (``write``).
 ``Checkpointer`` is the training loop's side (resume, when one is due, save).
 """
 from __future__ import annotations
@@ -454,6 +455,7 @@ class Checkpointer:
             if self.scaler is not None and state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
             self.strategy.load_state_dict(part.get("strategy") or {})   # after the model: local-sgd re-anchors on it
+            note = self.strategy.load_compressor_state_dict(part.get("compressor") or {})
             set_rng_state(part["rng"])
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
@@ -466,6 +468,8 @@ class Checkpointer:
         self.record["epochs"] = list(header.get("epochs_done", []))
         self.info["resumed_from"] = {"path": header["path"], "step": self.step, "epoch": self.epoch,
                                      "step_in_epoch": self._skip}
+        if note:
+            runtime.print0(f"ddtrain: note: {note}")
         why = f"restart {attempt}" if attempt else "--resume"
         runtime.print0(f"{why}: resumed from {header['path']} at step {self.step} "
                        f"(epoch {self.epoch}, {self._skip} of its steps done)")
@@ -534,7 +538,8 @@ class Checkpointer:
             state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scaler": self.scaler.state_dict() if self.scaler is not None else None}
         part = {"rng": rng_state(), "rng_epoch": self._rng_epoch, "meter": self._meter.sums,
-                "epoch_time_s": time.perf_counter() - self._epoch_t0, "strategy": self.strategy.state_dict()}
+                "epoch_time_s": time.perf_counter() - self._epoch_t0, "strategy": self.strategy.state_dict(),
+                "compressor": self.strategy.compressor_state_dict()}
         if not replicated:
             part.update(state)
         header = {"step": step, "epoch": self._epoch_now, "step_in_epoch": steps_done,

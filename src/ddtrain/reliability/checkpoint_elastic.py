@@ -9,7 +9,9 @@ the worker count, the data set, the strategy's resize rule and the worker counts
 on (the divisors of G; ``--grad-accum`` is re-chosen where the one asked does not fit,
 ``training.recipe.grad_accum_for``). What is per rank is merged or re-derived (``reshape``):
 the epoch's metric sums are added up (on rank 0), the RNG streams of ranks that did not exist
-are seeded from (seed, step, rank), and strategies without one global state follow their rule:
+are seeded from (seed, step, rank), a gradient compressor's per-rank error feedback is merged
+into the workers' mean (``compression.merge_states``: not identical training, and the resize
+message says so), and strategies without one global state follow their rule:
 local-sgd averages the workers' replicas (an averaging at the boundary), hybrid takes rank 0's
 (its broadcast at the boundary), the parameter servers keep their own shards.
 """
@@ -19,6 +21,7 @@ import random
 
 import torch
 
+from ddtrain.comm import compression
 from ddtrain.reliability.consistency import RESUME_FIELDS, ConfigMismatch, check_resumable, differences
 
 # what must still agree when the worker count changes (world_size and the per-rank batch may not)
@@ -26,9 +29,16 @@ ELASTIC_FIELDS = tuple(f for f in RESUME_FIELDS if f not in ("world_size", "batc
 # ... and what the elastic section adds: the data set by name and arguments, and the global batch
 SECTION_FIELDS = ("data", "data_args", "global_batch_size")
 
-# a strategy's rule for a resize (``rule``): "identical", "average", "rank0", "servers"
+# a strategy's rule for a resize (``rule``): "identical", "average", "rank0", "servers", and with gradient
+# compression "compressed" (a method without state) or "residuals-merged" (error feedback: ``compression.merge_states``)
 RULES = {
     "identical": "identical training: the replicas are one global state",
+    "compressed": "the replicas are one global state, but each worker compresses its own gradient (16-bit rounding "
+                  "of another number of summands): close to, not identical training",
+    "residuals-merged": "the replicas are one global state; the compressor's per-rank error feedback is merged (every "
+                        "worker starts from the old workers' mean error, so the next averaged gradient carries the "
+                        "same residual; what is sent of it differs) and its shared state (PowerSGD's Q, step count) "
+                        "kept: close to, not identical training",
     "servers": "identical training: the parameter servers' parameters and optimizer state are the global state",
     "rank0": "rank 0's replica (the broadcast hybrid makes every --sync-every steps, done at the boundary)",
     "average": "the workers' replicas and optimizer states averaged (an averaging at the boundary)",
@@ -36,10 +46,13 @@ RULES = {
 }
 
 
-def rule(spec) -> str:
-    """A strategy's resize rule from its StrategySpec (no strategy name tested)."""
+def rule(spec, compression_spec: str = "none") -> str:
+    """A strategy's resize rule from its StrategySpec and its gradient compression (no strategy name tested)."""
     if spec.replicated:
-        return "identical"
+        if compression_spec == "none":
+            return "identical"
+        record, _ = compression.parse_spec(compression_spec)
+        return "residuals-merged" if record.error_feedback else "compressed"
     if spec.uses_servers:
         return "servers" if spec.synchronous else "servers-async"
     return "rank0" if spec.synchronous else "average"
@@ -133,6 +146,13 @@ def merged_state(states: list[dict], how: str) -> dict:
     return mean(states)
 
 
+def merged_compressor(saved: list[dict]) -> dict:
+    """The workers' compressor states (``Strategy.compressor_state_dict``) made into one for every new worker."""
+    if not saved or "state" not in saved[0]:
+        return saved[0] if saved else {}
+    return {**saved[0], "state": compression.merge_states([s.get("state", {}) for s in saved])}
+
+
 def reshape(parts: list[dict], shared, *, elastic: dict, workers: int, seed: int, step: int,
             capture, apply) -> list[tuple]:
     """(shared, part) for each rank of a world of ``workers`` workers (+ the same servers) from a checkpoint's parts.
@@ -147,6 +167,7 @@ def reshape(parts: list[dict], shared, *, elastic: dict, workers: int, seed: int
     was, servers = elastic["workers"], elastic.get("servers", 0)
     worker_parts = parts[:was]
     meter = sum(p["meter"] for p in worker_parts)
+    compressor = merged_compressor([p.get("compressor") or {} for p in worker_parts])
     state = None
     if "model" in worker_parts[0]:  # not replicated: one state from the workers' own
         state = merged_state([{k: p[k] for k in ("model", "optimizer", "scaler") if k in p} for p in worker_parts],
@@ -159,6 +180,7 @@ def reshape(parts: list[dict], shared, *, elastic: dict, workers: int, seed: int
             rng = derived_rng(seed, step, r, capture, apply)
             part = {**worker_parts[0], "rng": rng, "rng_epoch": rng}
         part["meter"] = meter if r == 0 else torch.zeros_like(meter)
+        part["compressor"] = compressor
         if state is not None:
             part.update(state)
         out.append((shared, part))

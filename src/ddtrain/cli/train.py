@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import time
 
@@ -22,6 +23,7 @@ from ddtrain.distributed.plan import LaunchSpec, plan_launch
 from ddtrain.errors import DDTrainError
 from ddtrain.observe import profiler
 from ddtrain.reliability.consistency import PeerStopped
+from ddtrain.reliability.preemption import parse_signals
 from ddtrain.sync import strategy_spec
 from ddtrain.training.build import load_and_build, validate
 
@@ -70,12 +72,14 @@ def main(args) -> int:
         data, model = load_and_build(config)
         from ddtrain.training.loop import fit
         try:
-            fit(model, data, config, callbacks=profiler.callbacks(config.profile))
+            record = fit(model, data, config, callbacks=profiler.callbacks(config.profile))
         except PeerStopped:  # rank 0 reports it, once; give it a moment to, then stop quietly
             time.sleep(1.0)
             return launch.PEER_STOPPED_EXIT
+        stopped, rank = record["reliability"].get("preempted"), runtime.rank()
         runtime.shutdown()
-        return 0
+        return preempted_exit(config, stopped, rank) if stopped else 0
+    config = resume_if_requeued(config)
     servers = strategy_spec(config.strategy).extra_ranks(config.sync.servers)
     plan = plan_launch(launch_spec(config, args.min_nproc, args.nproc, servers), fits=shares_global_batch(config),
                        joining=joins_running_job)
@@ -90,7 +94,31 @@ def launch_spec(config, min_nproc: int, nproc: int, servers: int) -> LaunchSpec:
     return LaunchSpec(nproc=nproc, min_nproc=min_nproc, dist=config.dist,
                       max_restarts=config.reliability.max_restarts, checkpoint_dir=config.reliability.checkpoint_dir,
                       resume=config.reliability.resume, global_batch_size=config.global_batch_size,
-                      grad_accum=config.grad_accum, strategy=config.strategy, server_ranks=servers)
+                      grad_accum=config.grad_accum, strategy=config.strategy, server_ranks=servers,
+                      preempt_signals=parse_signals(config.reliability.preempt_signal),
+                      preempt_grace_s=config.reliability.preempt_grace_s, requeue=config.reliability.requeue)
+
+
+def preempted_exit(config, stopped: dict, rank: int) -> int:
+    """A worker's exit status after a stop on a signal; rank 0 says where and requeues, unless a ddtrain launcher will."""
+    if os.environ.get(launch.PREEMPT_REPORT_ENV):   # ddtrain's launcher reads the report, says it and exits 75
+        return 0
+    if rank == 0:   # started by srun (or torchrun): nobody else will say it
+        policy = launch.PreemptPolicy(requeue=config.reliability.requeue)
+        launch.report_preemption({**stopped, "rank": 0, "written_at": stopped.get("stopped_at")}, policy)
+    return launch.PREEMPTED_EXIT
+
+
+def resume_if_requeued(config):
+    """A SLURM job run again after a requeue continues from its newest checkpoint, as with --resume (if there is one)."""
+    from ddtrain.distributed.job import requeue_count, slurm_job_id
+    from ddtrain.reliability.checkpoint import listing
+    directory, again = config.reliability.checkpoint_dir, requeue_count()
+    if not (again and directory and not config.reliability.resume and listing(directory)):
+        return config
+    print(f"ddtrain: note: SLURM job {slurm_job_id()} runs again after {again} requeue(s) (SLURM_RESTART_COUNT): "
+          f"resuming from the newest checkpoint in {directory}", file=sys.stderr, flush=True)
+    return dataclasses.replace(config, reliability=dataclasses.replace(config.reliability, resume=True))
 
 
 def shares_global_batch(config):

@@ -65,3 +65,38 @@ def global_batch_size(environ=None) -> int:
         raise DDTrainError(f"environment variable {GLOBAL_BATCH_SIZE_ENV}={raw!r} must be a positive whole number "
                            f"(samples per optimizer update over all workers)")
     return int(raw)
+
+
+# SLURM's facts about a batch job that can be requeued (sbatch --requeue; scontrol requeue):
+# the same job id in every run of it, and how many times it was requeued (0 in its first run).
+SLURM_JOB_ID_ENV, SLURM_RESTART_COUNT_ENV = "SLURM_JOB_ID", "SLURM_RESTART_COUNT"
+REQUEUE_TIMEOUT_S = 60.0
+
+
+def slurm_job_id(environ=None) -> str | None:
+    """The SLURM job this process belongs to, or None outside SLURM."""
+    env = os.environ if environ is None else environ
+    return str(env.get(SLURM_JOB_ID_ENV, "")).strip() or None
+
+
+def requeue_count(environ=None) -> int:
+    """0 in a SLURM job's first run, then 1, 2, ... in each run after a requeue (``SLURM_RESTART_COUNT``)."""
+    env = os.environ if environ is None else environ
+    value = str(env.get(SLURM_RESTART_COUNT_ENV, "0")).strip()
+    return int(value) if value.isdigit() else 0
+
+
+def requeue_slurm_job(job_id: str) -> str | None:
+    """``scontrol requeue JOB``: None when SLURM took it, else why not (one line). SLURM then stops this run."""
+    import subprocess
+    try:
+        done = subprocess.run(["scontrol", "requeue", str(job_id)], capture_output=True, text=True,
+                              timeout=REQUEUE_TIMEOUT_S)
+    except FileNotFoundError:
+        return "scontrol is not on PATH"
+    except subprocess.TimeoutExpired:
+        return f"scontrol requeue {job_id} did not answer within {REQUEUE_TIMEOUT_S:g} s"
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        return f"scontrol requeue {job_id} failed: {said[-1] if said else f'exit status {done.returncode}'}"
+    return None

@@ -11,6 +11,7 @@ Each worker dies with the launcher, however the launcher dies (``die_with_launch
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import re
@@ -20,12 +21,39 @@ import socket
 import sys
 import tempfile
 import threading
+import time
+from dataclasses import dataclass
 
 from ddtrain.errors import DDTrainError
 
 # A rank that stops because rank 0 reports the problem (once) exits with this status, silently.
 PEER_STOPPED_EXIT = 4
 LOST_PEER_EXIT = 5       # a rank whose connection to a failed peer broke (cli._report_unexpected)
+# Stopped by a preemption signal, every rank after the same step, with its state saved: run it again to
+# continue (sysexits.h's EX_TEMPFAIL, "try again later"; distinct from the failures above and 128 + N).
+PREEMPTED_EXIT = 75
+# Where each node's workers tell their launcher at which step they stopped and which checkpoint holds it
+# (JSON, written atomically by the node's local rank 0; ddtrain.reliability.preemption.write_report).
+PREEMPT_REPORT_ENV = "DDTRAIN_PREEMPT_REPORT"
+# The signals besides SIGTERM and SIGINT that stop the workers with a checkpoint (--preempt-signal), for scripts.
+PREEMPT_SIGNAL_ENV = "DDTRAIN_PREEMPT_SIGNAL"
+
+
+@dataclass(frozen=True)
+class PreemptPolicy:
+    """What a launcher does when its workers save their state on a stop signal (``--checkpoint-dir`` given).
+
+    The launcher forwards the signal to its workers (torchrun's agent does, for SIGTERM, SIGINT,
+    SIGHUP and SIGQUIT; ``signals`` adds more, such as SIGUSR1), gives them ``grace_s`` seconds to
+    finish their step and save before it kills them (torchrun's own is 30 s), ignores a second
+    signal meanwhile (a third stops at once), then reports where they stopped and exits with
+    ``PREEMPTED_EXIT``; under SLURM with ``requeue`` it requeues the job first.
+    """
+
+    signals: tuple[str, ...] = ()      # signal names handled besides torchrun's own four
+    grace_s: float = 120.0             # the workers' time from the signal to their end, before SIGKILL
+    requeue: bool = False              # under SLURM, after a checkpoint was written: scontrol requeue
+    resume_hint: str = "run the same command with --resume to continue"
 LAUNCHER_PID_ENV = "DDTRAIN_LAUNCHER_PID"   # set by run_local for its workers (die_with_launcher)
 # Why the workers were (re)started at their size, for the membership record (reliability.ownership).
 MEMBERSHIP_REASON_ENV = "DDTRAIN_MEMBERSHIP_REASON"
@@ -133,12 +161,15 @@ def count_reforms() -> None:
 
 
 def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict | None = None,
-              module: str = "ddtrain", nodes: tuple | None = None, outcome: dict | None = None) -> int:
+              module: str = "ddtrain", nodes: tuple | None = None, outcome: dict | None = None,
+              preempt: PreemptPolicy | None = None) -> int:
     """Run ``python -m <module> <argv>`` as ``nproc`` ranks; the job's exit status (128 + N when signal N stopped it).
 
     With ``outcome`` (a dict) a failed job prints nothing: ``outcome`` gets its first cause
     (``rank``, ``exitcode``, ``what``: a few words, ``line``: the line run_local would print) and
     ``lost``, the ranks killed by a signal other than the agent's SIGTERM (run_elastic reads them).
+    With ``preempt`` the workers may stop on a signal with their state saved: one line says
+    where, and the status is ``PREEMPTED_EXIT`` (``PreemptPolicy``).
     """
     if nproc < 1:
         raise DDTrainError(f"--nproc must be at least 1, got {nproc}")
@@ -186,9 +217,14 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
     failed = True
     if max_restarts:
         count_reforms()
+    stop = _StopSignals(preempt) if preempt is not None else None
     try:
+        if stop is not None:
+            stop.start()
         run(args)
         failed = False
+        if stop is not None and stop.report() is not None:   # a worker was signalled (not this launcher)
+            return stop.finish(logs)
     except ChildFailedError as exc:
         rank, failure = cause(exc.failures)
         if outcome is not None:
@@ -202,15 +238,139 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
         return failure.exitcode if failure.exitcode > 0 else 1
     except SignalException as exc:  # torchrun's handler: it has stopped the workers with the same signal
         failed = False
+        if stop is not None and (stop.report() is not None or stop.error(logs)):
+            failed = stop.report() is None
+            return stop.finish(logs)
         return stopped_by(int(exc.sigval))
     except KeyboardInterrupt:  # before torchrun's handler was in place
         failed = False
         return stopped_by(signal.SIGINT)
     finally:
+        if stop is not None:
+            stop.close()
         notice.close()
         if logs is not None:
             logs.close(keep=failed)
     return 0
+
+
+class _StopSignals:
+    """The launcher's side of a preemption (``PreemptPolicy``): longer grace, repeated signals held, the report read.
+
+    torchrun's agent turns a signal into ``SignalException`` (its handler, installed when the
+    workers start) and then stops the workers with that signal, waiting 30 s before SIGKILL.
+    Here its handler is wrapped, so that the first signal goes through, a second is only noted
+    (the workers are saving) and a third goes through again (stop at once); extra signals
+    (SIGUSR1) get the same handler; and the wait before SIGKILL becomes ``grace_s``.
+    """
+
+    def __init__(self, policy: PreemptPolicy):
+        self.policy = policy
+        self.received: list[tuple[int, float]] = []    # (signal, time.time()) as they came
+        self.folder = tempfile.mkdtemp(prefix="ddtrain-preempt-")
+        self.path = os.path.join(self.folder, "report.json")
+        os.environ[PREEMPT_REPORT_ENV] = self.path
+        if policy.signals:
+            os.environ[PREEMPT_SIGNAL_ENV] = ",".join(policy.signals)
+        self._saved: list = []
+        self.settled = False     # the workers stopped and saved: later signals (SLURM's, after a requeue) are only noted
+
+    def start(self) -> None:
+        from torch.distributed.elastic.multiprocessing import api
+        original, close = api._terminate_process_handler, api.PContext.close
+        me = self
+
+        def handler(signum, frame):   # what torchrun's agent installs for its signals (it reads the module's name)
+            me.received.append((signum, time.time()))
+            if len(me.received) == 2 or me.settled:   # the workers are saving, or have saved: let them be
+                return
+            original(signum, frame)
+
+        def close_with_grace(pcontext, death_sig=None, timeout=30):
+            if me.received:
+                timeout = max(timeout, me.policy.grace_s)
+            return close(pcontext, death_sig, timeout)
+        self._saved = [(api, "_terminate_process_handler", original), (api.PContext, "close", close)]
+        api._terminate_process_handler, api.PContext.close = handler, close_with_grace
+        for name in self.policy.signals:  # torchrun before 2.9 handles none but its four; from 2.9 only when asked
+            number = getattr(signal, name)
+            self._saved.append((signal, number, signal.signal(number, handler)))
+
+    def close(self) -> None:
+        for owner, name, value in reversed(self._saved):
+            if owner is signal:
+                signal.signal(name, value if value is not None else signal.SIG_DFL)
+            else:
+                setattr(owner, name, value)
+        self._saved = []
+        for name in (PREEMPT_REPORT_ENV, PREEMPT_SIGNAL_ENV):
+            os.environ.pop(name, None)
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def report(self) -> dict | None:
+        try:
+            with open(self.path) as f:
+                found = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return found if isinstance(found, dict) else None
+
+    def error(self, logs) -> str | None:
+        """A worker's error line (a save that failed during the stop), for the one line the launcher prints."""
+        if logs is None:
+            return None
+        logs.poll()
+        with logs.lock:
+            lines = sorted(logs.errors.items())
+        return next((line for _, line in lines if "ddtrain: error:" in line), None)
+
+    def finish(self, logs) -> int:
+        """The one line after the workers stopped on a signal, the requeue, and the exit status."""
+        self.settled = True
+        report = self.report()
+        if report is None:
+            print(_bare_error(self.error(logs)), file=sys.stderr, flush=True)
+            return 1
+        name = signal.Signals(self.received[0][0]).name if self.received else None
+        return report_preemption(report, self.policy, signal_name=name,
+                                 signal_at=self.received[0][1] if self.received else None)
+
+
+def report_preemption(report: dict, policy: PreemptPolicy, *, signal_name: str | None = None,
+                      signal_at: float | None = None) -> int:
+    """Print the one line of a job whose workers stopped on a signal, requeue it if asked; ``PREEMPTED_EXIT``.
+
+    ``report``: what the workers said (``reliability.preemption.write_report``: step, checkpoint,
+    saved, signal, signal_at, written_at, rank). ``signal_name``/``signal_at``: the launcher's own
+    signal, when it got one (else the workers'). Called by the launcher, or by rank 0 when a
+    launcher of its own (srun, torchrun) started it.
+    """
+    name = signal_name or report.get("signal") or "a signal"
+    began = signal_at or report.get("signal_at")
+    step, path = report.get("step"), report.get("checkpoint")
+    if report.get("saved"):
+        took = f" {report['written_at'] - began:.2f} s after the signal" if began and report.get("written_at") else ""
+        line = f"ddtrain: stopped by {name}: every worker finished step {step}; checkpoint {path} written{took}"
+    else:
+        line = f"ddtrain: stopped by {name} at step {step}, before training further: nothing new to save"
+        line += f" (the newest checkpoint is {path})" if path else " (no checkpoint yet)"
+    from ddtrain.distributed.job import requeue_slurm_job, slurm_job_id
+    job = slurm_job_id()
+    if policy.requeue and job and report.get("saved") and report.get("rank") == 0:
+        print(line + f"; requeueing SLURM job {job}: it resumes from there by itself", file=sys.stderr, flush=True)
+        problem = requeue_slurm_job(job)   # SLURM stops this run now: the line is out first
+        if problem is not None:
+            print(f"ddtrain: warning: could not requeue SLURM job {job} ({problem}); {policy.resume_hint}",
+                  file=sys.stderr, flush=True)
+        return PREEMPTED_EXIT
+    print(f"{line}; {policy.resume_hint}", file=sys.stderr, flush=True)
+    return PREEMPTED_EXIT
+
+
+def _bare_error(line: str | None) -> str:
+    if not line:
+        return "ddtrain: error: the workers stopped on a signal without saving their state"
+    return "ddtrain: error: " + _bare(line)
 
 
 def _lost(exitcode: int) -> bool:
@@ -219,7 +379,8 @@ def _lost(exitcode: int) -> bool:
 
 
 def run_elastic(sizes: list[int], argv: list[str], *, max_restarts: int = 0, env: dict | None = None,
-                module: str = "ddtrain", limits: tuple[int, int] | None = None) -> int:
+                module: str = "ddtrain", limits: tuple[int, int] | None = None,
+                preempt: PreemptPolicy | None = None) -> int:
     """``ddtrain train --nproc MIN:MAX``: run on the largest of ``sizes``; a worker lost goes on with fewer.
 
     Each attempt is one ``run_local`` at a fixed size. When workers are killed by a signal (the
@@ -237,8 +398,8 @@ def run_elastic(sizes: list[int], argv: list[str], *, max_restarts: int = 0, env
     while True:
         outcome: dict = {}
         code = run_local(size, argv, env={**(env or {}), ATTEMPT_BASE_ENV: str(attempt), MEMBERSHIP_REASON_ENV: reason},
-                         module=module, outcome=outcome)
-        if not outcome:  # finished, or stopped by the user (Ctrl-C, SIGTERM): run_local said so
+                         module=module, outcome=outcome, preempt=preempt)
+        if not outcome:  # finished, stopped by the user (Ctrl-C, SIGTERM) or preempted: run_local said so
             return code
         attempt += 1
         if outcome["lost"]:

@@ -40,6 +40,10 @@ class LaunchSpec:
     worker_batch: str = "--batch-size"   # how messages name the per-worker batch
     strategy: str | None = None          # named in messages about server ranks
     server_ranks: int = 0                # ranks of the job that are not workers (parameter servers)
+    preempt_signals: tuple[str, ...] = ()   # besides SIGTERM and SIGINT, the signals the workers save and stop on
+    preempt_grace_s: float = 120.0       # the workers' time to finish the step and save after a stop signal
+    requeue: bool = False                # under SLURM, requeue the job after a preemption checkpoint
+    resume_hint: str = "run the same command with --resume to continue"   # said after a preemption checkpoint
 
     def __post_init__(self):
         if self.min_nproc is None:
@@ -100,6 +104,7 @@ class LaunchPlan:
     max_restarts: int
     joining: bool                        # this node joins a running job: its workers must resume
     server_ranks: int = 0
+    preempt: object = None               # launch.PreemptPolicy when the workers save their state on a stop signal
 
     @property
     def workers(self) -> int:
@@ -111,9 +116,9 @@ class LaunchPlan:
         from ddtrain.distributed import launch
         if self.limits[0] < self.limits[1]:   # even where only MAX can share the global batch: it says so at a loss
             return launch.run_elastic(list(self.sizes), argv, max_restarts=self.max_restarts, env=env, module=module,
-                                      limits=self.limits)
+                                      limits=self.limits, preempt=self.preempt)
         return launch.run_local(self.sizes[0], argv, max_restarts=self.max_restarts, env=env, module=module,
-                                nodes=self.nodes)
+                                nodes=self.nodes, preempt=self.preempt)
 
 
 def plan_launch(spec: LaunchSpec, *, fits: Fits | None = None,
@@ -175,5 +180,10 @@ def plan_launch(spec: LaunchSpec, *, fits: Fits | None = None,
               f"nodes; joining the running job", file=sys.stderr, flush=True)
         joins = True
     nodes = (dist.nnodes, dist.node_rank, dist.rdzv_endpoint) if dist.max_nodes > 1 else None
+    preempt = None
+    if spec.checkpoint_dir:  # the workers can save their state: give them the time to, and say where it is
+        from ddtrain.distributed.launch import PreemptPolicy
+        preempt = PreemptPolicy(signals=tuple(spec.preempt_signals), grace_s=spec.preempt_grace_s,
+                                requeue=spec.requeue, resume_hint=spec.resume_hint)
     return LaunchPlan(sizes=tuple(local_sizes), limits=(spec.min_nproc, nproc), nodes=nodes,
-                      max_restarts=spec.max_restarts, joining=joins, server_ranks=servers)
+                      max_restarts=spec.max_restarts, joining=joins, server_ranks=servers, preempt=preempt)

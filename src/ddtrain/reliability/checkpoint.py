@@ -9,10 +9,14 @@ its running epoch metrics and its gradient compressor's state (error feedback, P
 DDP's buckets); the model, optimizer and gradient-scaler states are stored once when the
 strategy keeps replicas identical (ddp and the all-reduce strategies), else once per rank;
 files are written atomically and verified when read (``write``).
-``Checkpointer`` is the training loop's side (resume, when one is due, save).
+``Checkpointer`` is the training loop's side (resume, when one is due, save). A save blocks
+training only while the state is gathered and copied to host memory (a snapshot); rank 0
+serialises, writes, flushes and renames the file on a thread of its own (``Writer``), one
+write at a time, unless ``checkpoint_sync`` asks for all of it on the training thread.
 """
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -20,6 +24,7 @@ import os
 import random
 import re
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -27,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from ddtrain.distributed import runtime
+from ddtrain.distributed.job import requeue_count
 from ddtrain.errors import DDTrainError
 from ddtrain.observe import files
 from ddtrain.reliability import checkpoint_elastic, ownership, stall
@@ -282,9 +288,9 @@ def set_rng_state(state: dict) -> None:
 
 
 def to_cpu(value):
-    """A copy of nested state with every tensor on the CPU (what travels and what is saved)."""
+    """A copy of nested state with every tensor on the CPU (what travels and what is saved): one copy per tensor."""
     if isinstance(value, torch.Tensor):
-        return value.detach().cpu().clone()
+        return value.detach().to("cpu", copy=True)
     if isinstance(value, dict):
         return {k: to_cpu(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -298,30 +304,97 @@ def _distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def save(directory, step: int, header: dict, part: dict, shared: dict | None, *, keep: int,
-         group=None) -> Path | None:
-    """Gather every rank's ``part`` to rank 0, which writes them with ``shared`` and rotates.
+def gather_parts(part: dict, group=None) -> list | None:
+    """Collective: every rank's ``part`` (copied to host memory) on rank 0, None on the others.
 
-    ``shared`` (model, optimizer, scaler states) is only read on rank 0. ``group``: the ranks
-    that train (the workers; parameter servers are serving and keep no part of their own).
+    ``group``: the ranks that train (the workers; parameter servers keep no part of their own).
     """
     part = to_cpu(part)
-    rank = dist.get_rank() if _distributed() else 0
-    if _distributed():
-        parts = [None] * dist.get_world_size(group) if rank == 0 else None
-        dist.gather_object(part, parts, dst=0, group=group)
-    else:
-        parts = [part]
-    if rank != 0:
-        return None
-    payload = {"format": FORMAT, "step": step, "shared": to_cpu(shared), "ranks": parts}
-    path = write(path_for(directory, step), {**header, "world_size": len(parts)}, payload)
-    rotate(directory, keep)
+    if not _distributed():
+        return [part]
+    rank = dist.get_rank()
+    parts = [None] * dist.get_world_size(group) if rank == 0 else None
+    dist.gather_object(part, parts, dst=0, group=group)
+    return parts if rank == 0 else None
+
+
+def write_and_rotate(path, header: dict, payload: dict, *, keep: int) -> Path:
+    """Rank 0: write one checkpoint file, then delete all but the ``keep`` newest; a failure is one DDTrainError.
+
+    The error names the file, what the disk said and the checkpoints already there, which are
+    whole: ``write`` is atomic, and rotation runs only after the new file is complete.
+    """
+    try:
+        path = write(path, header, payload)
+    except OSError as exc:
+        raise DDTrainError(write_failure(path, exc)) from None
+    rotate(path.parent, keep)
     return path
 
 
+def write_failure(path, exc: BaseException) -> str:
+    """One line for a checkpoint file that could not be written (a full disk, a lost mount)."""
+    path = Path(path)
+    why = f"{exc.strerror} [errno {exc.errno}]" if isinstance(exc, OSError) and exc.strerror else str(exc)
+    kept = [p.name for _, p in listing(path.parent) if p != path]
+    before = f"the checkpoints already in {path.parent} are whole (newest: {kept[0]})" if kept else \
+        f"{path.parent} holds no earlier checkpoint"
+    return f"checkpoint {path} could not be written: {why}; {before}"
+
+
+class Writer:
+    """Rank 0's checkpoint writes on a thread of their own, at most one in flight.
+
+    ``submit(write, path)`` waits for the previous write, then runs ``write()`` on a new thread;
+    ``wait()`` waits for the write in flight. Each wait has a deadline (``timeout_s``). A write
+    that failed is raised once, by the next ``submit`` or ``wait``, as the DDTrainError it
+    raised (``write_and_rotate``: one line naming the file and the directory).
+    """
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self._thread: threading.Thread | None = None
+        self._path = None
+        self._error: BaseException | None = None
+
+    def _run(self, write) -> None:
+        try:
+            write()
+        except BaseException as exc:   # reported on the training thread, at the next save or the end
+            self._error = exc
+
+    @property
+    def busy(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def submit(self, write, path) -> None:
+        self.wait()
+        self._path = path
+        self._thread = threading.Thread(target=self._run, args=(write,), name="ddtrain-checkpoint-write", daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        if self._thread is not None:
+            self._thread.join(self.timeout_s)
+            if self._thread.is_alive():
+                raise DDTrainError(f"checkpoint {self._path} was still being written after {self.timeout_s:g} s "
+                                   "(--timeout): the file system does not answer")
+            self._thread = None
+        error, self._error = self._error, None
+        if error is not None:
+            if isinstance(error, DDTrainError):
+                raise error
+            raise DDTrainError(write_failure(self._path, error)) from None
+
+
+STATE_KIND = "state"   # the header's ``kind`` of a file ``ddtrain.save_state`` wrote (a script's state)
+
+
 def check_payload(payload, header: dict, path) -> None:
-    """Raise DDTrainError naming the file when a readable payload is not what ``save`` writes."""
+    """Raise DDTrainError naming the file when a readable payload is not what ``save`` (or ``save_state``) writes."""
+    if header.get("kind") == STATE_KIND:
+        return _check_state_payload(payload, header, path)
+
     def bad(what):
         return DDTrainError(f"checkpoint {path} cannot be resumed from: {what} (it was not written by ddtrain's "
                             "training loop, or was edited); remove it or resume from another")
@@ -338,13 +411,34 @@ def check_payload(payload, header: dict, path) -> None:
         raise bad("it holds no model and optimizer state")
 
 
-def restore(directory, *, required: bool, warn, check=None, reshape=None):
+def _check_state_payload(payload, header: dict, path) -> None:
+    """``check_payload`` for a script's state (``ddtrain.training.state``): per-rank parts and every prepared model."""
+    def bad(what):
+        return DDTrainError(f"state file {path} cannot be loaded: {what} (it was not written by ddtrain.save_state, "
+                            "or was edited); remove it or load another")
+    ranks = payload.get("ranks") if isinstance(payload, dict) else None
+    if not isinstance(ranks, list) or not ranks:
+        raise bad("its payload has no list of per-rank parts ('ranks')")
+    if len(ranks) != header.get("world_size", len(ranks)):
+        raise bad(f"its payload has {len(ranks)} per-rank parts but its header says world_size={header['world_size']}")
+    for r, part in enumerate(ranks):
+        if not isinstance(part, dict) or not {"rng", "rng_epoch", "loaders"} <= part.keys():
+            raise bad(f"rank {r}'s part lacks its RNG states or loader positions")
+    state = payload.get("shared") if payload.get("shared") is not None else ranks[0]
+    entries = state.get("entries") if isinstance(state, dict) else None
+    if not (isinstance(entries, list) and entries and all(isinstance(e, dict) and isinstance(e.get("model"), dict)
+                                                          for e in entries)):
+        raise bad("it holds no model state")
+
+
+def restore(directory, *, required: bool, warn, check=None, reshape=None, missing=None):
     """Every rank's part of the newest whole checkpoint: (header, shared, my part), or None if none.
 
     Rank 0 finds and verifies the file (``check(header)`` may raise DDTrainError for an
     incompatible one) and sends each rank its part; every rank raises the same error. A
     checkpoint of another world size has its parts made into this one's by
     ``reshape(header, parts, shared)`` (``checkpoint_elastic.reshape``; None: no need).
+    ``missing()``: the message when ``required`` and no file is whole (default: ``--resume``'s).
     """
     rank = dist.get_rank() if _distributed() else 0
     verdict, parts = None, None
@@ -352,7 +446,8 @@ def restore(directory, *, required: bool, warn, check=None, reshape=None):
         try:
             found = newest(directory, warn=warn, quarantine=True) if Path(directory).is_dir() else None
             if found is None and required:
-                raise DDTrainError(f"resume (--resume): no whole checkpoint in {directory}")
+                raise DDTrainError(missing() if missing is not None else
+                                   f"resume (--resume): no whole checkpoint in {directory}")
             if found is not None:
                 path, header, payload = found
                 if check:
@@ -407,6 +502,10 @@ class Checkpointer:
         self._meter, self._epoch_now, self._rng_epoch, self._epoch_t0 = None, 1, None, time.perf_counter()
         self.resume_any, self._final = getattr(options, "resume_any", False), False
         self.elastic, self.seed = elastic, seed  # this run's checkpoint_elastic.section (None: fixed size only)
+        # rank 0 writes in the background unless checkpoint_sync; every rank knows which (they settle together)
+        self.in_background = not getattr(options, "checkpoint_sync", False)
+        self.writer: Writer | None = None   # rank 0's, made at its first save
+        self._finished = False
 
     def claim(self) -> None:
         """Collective: rank 0 takes the directory's lock (refused, on every rank, if another run holds it)."""
@@ -438,14 +537,15 @@ class Checkpointer:
     def resume(self) -> None:
         """Take the directory; load the newest whole checkpoint when ``resume`` is set or torchrun restarted us."""
         self.claim()
-        attempt = self.info["attempt"]
-        if not (self.resume_asked or attempt > 0):
+        attempt, requeued = self.info["attempt"], requeue_count()
+        if not (self.resume_asked or attempt > 0 or requeued > 0):   # a SLURM requeue continues too
             return
         got = restore(self.directory, required=self.resume_asked,
                       warn=lambda message: runtime.eprint(f"ddtrain: warning: {message}"),
                       check=self._check, reshape=self._reshape)
+        why = f"restart {attempt}" if attempt else "--resume" if self.resume_asked else f"SLURM requeue {requeued}"
         if got is None:
-            runtime.print0(f"restart {attempt}: no checkpoint in {self.directory} yet, starting from step 0")
+            runtime.print0(f"{why}: no checkpoint in {self.directory} yet, starting from step 0")
             return
         header, shared, part = got
         state = shared if shared is not None else part
@@ -470,7 +570,6 @@ class Checkpointer:
                                      "step_in_epoch": self._skip}
         if note:
             runtime.print0(f"ddtrain: note: {note}")
-        why = f"restart {attempt}" if attempt else "--resume"
         runtime.print0(f"{why}: resumed from {header['path']} at step {self.step} "
                        f"(epoch {self.epoch}, {self._skip} of its steps done)")
         theirs = header.get("elastic") or {}
@@ -527,14 +626,27 @@ class Checkpointer:
             return True
         return self._final
 
+    @property
+    def final(self) -> bool:
+        """The step ``due`` was last asked about is the run's last."""
+        return self._final
+
     def save(self, step: int, steps_done: int) -> None:
-        """Collective: the state after ``step`` (``steps_done`` of them in this epoch), written by rank 0."""
+        """Collective: the state after ``step`` (``steps_done`` of them in this epoch), written by rank 0.
+
+        Training waits while the state is gathered and copied to host memory; the file is written
+        in the background (``checkpoint_sync``: here). The time it waited is appended to
+        ``info["checkpoint_stall_s"]``.
+        """
+        began = time.perf_counter()
+        self._settle(step)  # at most one write in flight; the previous one's failure stops every rank here
         stall.mark(step, "checkpoint (gather to rank 0)")
         # one global state: replicas kept identical, or the parameter servers' (rank 0 fetches the
         # optimizer state from them: ``optimizer.state_dict()`` of a ps worker asks the servers)
         replicated = self.strategy.spec.replicated or bool(self.elastic and self.elastic.get("rule") == "servers")
+        rank0 = runtime.rank() == 0
         state = None
-        if not replicated or runtime.rank() == 0:
+        if not replicated or rank0:
             state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scaler": self.scaler.state_dict() if self.scaler is not None else None}
         part = {"rng": rng_state(), "rng_epoch": self._rng_epoch, "meter": self._meter.sums,
@@ -543,14 +655,51 @@ class Checkpointer:
         if not replicated:
             part.update(state)
         header = {"step": step, "epoch": self._epoch_now, "step_in_epoch": steps_done,
-                  "strategy": self.strategy_name, "run": ownership.tag(self.directory) if runtime.rank() == 0 else None,
-                  "fingerprint": self.fingerprint, "epochs_done": self.record["epochs"]}
+                  "strategy": self.strategy_name, "run": ownership.tag(self.directory) if rank0 else None,
+                  "fingerprint": self.fingerprint, "epochs_done": copy.deepcopy(self.record["epochs"])}
         if self.elastic:
             header["elastic"] = self.elastic
-        path = save(self.directory, step, header, part, state if replicated and runtime.rank() == 0 else None,
-                    keep=self.keep, group=self.strategy.group)
+        parts = gather_parts(part, self.strategy.group)   # the snapshot: every tensor copied to host memory
+        if rank0:
+            payload = {"format": FORMAT, "step": step, "shared": to_cpu(state) if replicated else None,
+                       "ranks": parts}
+            path = path_for(self.directory, step)
+            header = {**header, "world_size": len(parts)}
+            if not self.in_background:
+                write_and_rotate(path, header, payload, keep=self.keep)
+            else:
+                self.writer = self.writer or Writer(runtime.deadline_s())
+                self.writer.submit(lambda: write_and_rotate(path, header, payload, keep=self.keep), path)
+            self.info["last_checkpoint"] = str(path)   # in the background: its failure stops the run (settle)
         self.info["checkpoints_written"] += 1
-        if path is not None:
-            self.info["last_checkpoint"] = str(path)
-        if self._final and runtime.rank() == 0:  # nothing more goes into the directory: let the next run in
+        self.info.setdefault("checkpoint_stall_s", []).append(round(time.perf_counter() - began, 6))
+
+    def _settle(self, step=None) -> None:
+        """Collective (the workers): wait for the write in flight on rank 0; its failure is raised on every rank."""
+        if not self.in_background:
+            return
+        verdict = None
+        if runtime.rank() == 0 and self.writer is not None:
+            stall.mark(step, "checkpoint (waiting for the previous write)")
+            try:
+                self.writer.wait()
+            except DDTrainError as exc:
+                verdict = str(exc)
+        if _distributed():
+            box = [verdict]
+            dist.broadcast_object_list(box, src=0, group=self.strategy.group)
+            verdict = box[0]
+        if verdict is not None:
+            raise (DDTrainError if runtime.rank() == 0 else PeerStopped)(verdict)
+
+    def finish(self) -> None:
+        """Collective (the workers), when training ends or stops: the last write done (or its failure, on every rank).
+
+        Rank 0 then lets the next run into the directory: nothing more goes into it. Called again, it does nothing.
+        """
+        if self._finished:
+            return
+        self._finished = True
+        self._settle(None)
+        if runtime.rank() == 0:
             ownership.release(self.directory, "rank0")

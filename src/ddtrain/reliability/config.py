@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from ddtrain.errors import ConfigError
+from ddtrain.errors import ConfigError, DDTrainError
 
 
 @dataclass(kw_only=True)
@@ -19,6 +19,10 @@ class ReliabilityConfig:
     max_restarts: int = 0                               # restart all workers this often after one fails (they resume from the last checkpoint)
     on_nonfinite: Literal["stop", "skip"] = "stop"      # non-finite loss or gradients: stop naming step and rank, or skip the step on every rank
     on_mismatch: Literal["stop", "rebroadcast"] = "stop"  # replicas differ at a --check-every check: stop, or copy rank 0's parameters to all
+    checkpoint_sync: bool = False                       # write checkpoints on the training thread (default: copied there, written to disk in the background)
+    preempt_signal: str = ""                            # with --checkpoint-dir, also stop and save on this signal (e.g. USR1 for sbatch --signal=USR1@120); SIGTERM and SIGINT always do (docs/RELIABILITY.md)
+    preempt_grace_s: float = 120.0                      # after a stop signal, seconds the launcher gives its workers to finish the step and save before killing them
+    requeue: bool = False                               # under SLURM, after a preemption checkpoint: requeue the job (scontrol requeue); the requeued job resumes by itself
 
     def __post_init__(self):
         for name in ("checkpoint_every", "max_restarts"):
@@ -30,7 +34,21 @@ class ReliabilityConfig:
         for name, allowed in (("on_nonfinite", ("stop", "skip")), ("on_mismatch", ("stop", "rebroadcast"))):
             if getattr(self, name) not in allowed:
                 raise ConfigError(name, f"{getattr(self, name)!r} is not one of: {', '.join(allowed)}")
+        if not isinstance(self.preempt_grace_s, (int, float)) or isinstance(self.preempt_grace_s, bool) \
+                or not 0 < self.preempt_grace_s < float("inf"):
+            raise ConfigError("preempt_grace_s", f"must be a positive number of seconds, got {self.preempt_grace_s!r}")
+        from ddtrain.reliability.preemption import parse_signals
+        try:
+            parse_signals(self.preempt_signal)
+        except DDTrainError as exc:
+            raise ConfigError("preempt_signal", str(exc).split(" ", 1)[-1]) from None
         if self.resume_any and not self.resume:
             raise ConfigError("resume_any", "needs --resume")
-        if not self.checkpoint_dir and (self.resume or self.checkpoint_every):
-            raise ConfigError("resume" if self.resume else "checkpoint_every", "needs --checkpoint-dir DIR")
+        for name in ("resume", "checkpoint_every", "preempt_signal", "requeue"):
+            if getattr(self, name) and not self.checkpoint_dir:
+                raise ConfigError(name, "needs --checkpoint-dir DIR")
+
+    def preempt_signals(self) -> tuple[str, ...]:
+        """The signals that stop training with a checkpoint: SIGTERM, SIGINT and --preempt-signal's."""
+        from ddtrain.reliability.preemption import ALWAYS, parse_signals
+        return tuple(dict.fromkeys((*ALWAYS, *parse_signals(self.preempt_signal))))

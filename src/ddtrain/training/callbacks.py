@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from ddtrain.data import Data
     from ddtrain.reliability.checkpoint import Checkpointer
     from ddtrain.reliability.nonfinite import NonfiniteGuard
+    from ddtrain.reliability.preemption import Preemption
     from ddtrain.reliability.replicas import ReplicaCheck
 
 HOOKS = ("on_train_begin", "on_epoch_begin", "on_step_begin", "on_step_end", "on_epoch_end", "on_train_end")
@@ -68,5 +69,6 @@ class TrainState:
     checkpointer: Checkpointer | None = None    # with a checkpoint_dir
     nonfinite: NonfiniteGuard | None = None
     replicas: ReplicaCheck | None = None        # on workers of a distributed run
+    preemption: Preemption | None = None        # with a checkpoint_dir: stop and save on SIGTERM and the like
     schedule: Any = None                # the lr schedule (training.recipe.Schedule), when not constant
     updates_per_epoch: int = 0          # optimizer steps in an epoch (micro-batches // grad_accum)

@@ -27,8 +27,9 @@ from ddtrain.errors import ConfigError
 from ddtrain.observe import files, tracking
 from ddtrain.reliability import checkpoint_elastic, consistency, faults, stall, watchdog
 from ddtrain.distributed.job import restart_attempt
-from ddtrain.reliability.checkpoint import Checkpointer
+from ddtrain.reliability.checkpoint import Checkpointer, path_for as checkpoint_path_for
 from ddtrain.reliability.nonfinite import NonfiniteGuard
+from ddtrain.reliability.preemption import Preemption, write_report
 from ddtrain.reliability.replicas import ReplicaCheck
 from ddtrain.sync import strategy_spec, wrap
 from ddtrain.training import compiled, recipe
@@ -44,15 +45,29 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     ``callbacks``: objects with any of the hook methods of ``ddtrain.Callback``. The recipe's
     optimizer settings (``optimizer``, ``scale_lr``, ``decay_exclude``) apply when ``fit`` builds
     the optimizer; the schedule and the clipping also apply to an ``optimizer`` passed in.
+    With a checkpoint directory, SIGTERM, SIGINT and ``preempt_signal`` stop every rank after
+    the same step with a checkpoint (docs/RELIABILITY.md): the record's ``reliability.preempted``
+    then says where, and no ``out`` or ``save`` file is written (the run is not over).
     """
     runtime.init()
+    # the workers (ranks that train: not the parameter servers) fix the per-rank batch and the lr scaling
+    workers = max(runtime.total_ranks() - strategy_spec(config.strategy).extra_ranks(config.sync.servers), 1) \
+        if runtime.total_ranks() > 1 else 1
+    preemption = None
+    if config.reliability.checkpoint_dir:  # from here on a stop signal is only noted, then obeyed between steps
+        preemption = Preemption(config.reliability.preempt_signals(), participants=workers).install()
+    try:
+        return _fit(model, data, config, optimizer, loss_fn, callbacks, workers, preemption)
+    finally:
+        if preemption is not None:
+            preemption.restore()
+
+
+def _fit(model, data, config, optimizer, loss_fn, callbacks, workers, preemption) -> dict:
     device = runtime.device()
     model = model.to(device)
     if config.channels_last:
         model = model.to(memory_format=torch.channels_last)
-    # the workers (ranks that train: not the parameter servers) fix the per-rank batch and the lr scaling
-    workers = max(runtime.total_ranks() - strategy_spec(config.strategy).extra_ranks(config.sync.servers), 1) \
-        if runtime.total_ranks() > 1 else 1
     asked_accum = config.grad_accum
     # batch_size: the per-rank micro-batch; a resume keeps the global batch (grad_accum re-chosen if it must)
     config = recipe.resolve(config, workers, resuming=bool(config.reliability.checkpoint_dir) and (
@@ -102,7 +117,7 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     callbacks = [*callbacks, *trackers, *faults.injectors(runtime.rank())]
     state = TrainState(config=config, strategy=strategy, model=strategy.module, optimizer=optimizer, scaler=scaler,
                        device=device, data=data, record=record, fingerprint=fingerprint, callbacks=callbacks,
-                       epochs=epochs, schedule=schedule, updates_per_epoch=per_epoch)
+                       epochs=epochs, schedule=schedule, updates_per_epoch=per_epoch, preemption=preemption)
     options = config.reliability
     state.nonfinite = NonfiniteGuard(options.on_nonfinite, module=strategy.module, scaler=scaler, device=device,
                                      group=strategy.group, info=info)
@@ -142,6 +157,8 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
                 if config.compile else strategy.model
             _train_epochs(state, step_model, loader,
                           loss_fn or recipe.loss_function(data.task, config.label_smoothing), distributed)
+            if state.checkpointer is not None:
+                state.checkpointer.finish()  # the last write is on disk (or its failure is raised on every rank)
     for handle in (schedule, clip):  # the optimizer may outlive the run (passed in by the caller)
         if handle is not None:
             handle.remove()
@@ -152,7 +169,7 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
                        if k.startswith("val_")}
     for hook in bound(callbacks, "on_train_end"):
         hook(record, state)  # callbacks add to the record (the profile) before its one write
-    if runtime.rank() == 0:
+    if runtime.rank() == 0 and not info.get("preempted"):  # a preempted run is not over: its outputs come at its end
         if config.out:
             files.write_json(config.out, record)
         if config.save:
@@ -174,6 +191,10 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
     # the first k-1 micro-batches' backward passes communicate nothing (the strategy's no_sync:
     # DDP's own for the DDP-based strategies; the others communicate in the optimizer step anyway)
     no_sync = getattr(strategy, "no_sync", None) or getattr(strategy.model, "no_sync", None) or contextlib.nullcontext
+    preemption = state.preemption
+    if preemption is not None and preemption.should_stop():   # signalled before the first step: nothing new to save
+        _preempted(state, saved=False)
+        return
     step_model.train()
     for epoch in range(state.epoch, state.epochs + 1):
         state.epoch = epoch
@@ -230,7 +251,8 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
             steps_done += 1
             state.step, state.steps_done = step, steps_done
             end_of_epoch = steps_done == per_epoch
-            if checkpointer is not None and checkpointer.due(step, end_of_epoch):
+            saved = checkpointer is not None and checkpointer.due(step, end_of_epoch)
+            if saved:
                 checkpointer.save(step, steps_done)
             if replicas is not None and replicas.due(step, end_of_epoch):
                 replicas.check(step)
@@ -242,6 +264,12 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
                         "end_s": t_end}
                 for hook in step_end:
                     hook(step, logs, state)
+            # every worker stops after the same step, any of them signalled (the last step ends the run anyway)
+            if preemption is not None and not checkpointer.final and preemption.should_stop():
+                if not saved:
+                    checkpointer.save(step, steps_done)
+                _preempted(state, saved=True)
+                return
         stall.mark(step, f"end of epoch {epoch} (metrics and validation)")
         strategy.end_epoch(epoch)
         if device.type == "cuda":
@@ -265,6 +293,21 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
             hook(epoch, logs, state)
         if max_steps and step >= max_steps:
             break
+
+
+def _preempted(state: TrainState, saved: bool) -> None:
+    """Every worker, after a stop agreed at ``state.step``: the checkpoint on disk, the record and the launcher told."""
+    checkpointer, preemption, info = state.checkpointer, state.preemption, state.record["reliability"]
+    checkpointer.finish()    # the write in flight (this one) done: a full disk stops here, with one message
+    resumed = info.get("resumed_from")
+    path = str(checkpoint_path_for(checkpointer.directory, state.step)) if saved else \
+        (resumed["path"] if resumed else None)
+    signal_name, signal_at = preemption.signal_name, preemption.first[1] if preemption.first else None
+    info["preempted"] = {"step": state.step, "epoch": state.epoch, "checkpoint": path, "saved": saved,
+                         "signal": signal_name, "signal_at": signal_at, "stopped_at": time.time()}
+    if runtime.rank() == 0 or runtime.local_rank() == 0:   # each node's launcher reads its own node's report
+        write_report(state.step, path, signal_name=signal_name, signal_at=signal_at, rank=runtime.rank(),
+                     saved=saved)
 
 
 def _groups(batches, k: int):

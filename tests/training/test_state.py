@@ -213,3 +213,54 @@ def test_compressor_state_is_saved_by_the_state_api(tmp_path, compression):
     resumed = run_ranks(train, 2, str(tmp_path), load=True, strategy="ring", options=options, dropout=0.0)
     for key, value in reference[0]["params"].items():
         assert torch.equal(resumed[0]["params"][key], value), key
+
+
+class Augmented(Indexed):
+    """A random transform drawn where the sample is loaded (in a loader worker, from that worker's stream)."""
+
+    def __getitem__(self, i):
+        return self.x[i] + 0.01 * torch.rand(6), self.y[i], i
+
+
+def with_workers(directory, *, stop_after=None, load=False):
+    """One process, a loader with 2 workers and a random transform: (index, first input value) of every sample."""
+    import ddtrain
+    from ddtrain.training.state import Preempted
+    ddtrain.init()
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    loader = DataLoader(Augmented(), batch_size=4, shuffle=True, num_workers=2)
+    model, optimizer, loader = ddtrain.prepare(model, optimizer, loader, checkpoint_dir=False)
+    state = ddtrain.load_state(directory) if load else None
+    seen = []
+    try:
+        for _epoch in range(state.epoch if state else 0, 2):   # no set_epoch: each pass the next epoch
+            for x, y, index in loader:
+                seen += [(int(i), round(float(v), 6)) for i, v in zip(index, x[:, 0])]
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                if stop_after is not None and optimizer._ddtrain_counter.steps == stop_after:
+                    ddtrain.save_state(directory)
+                    raise Preempted(0)
+    except Preempted:
+        pass
+    ddtrain.shutdown()
+    return seen
+
+
+def test_with_loader_workers_the_resumed_batches_keep_their_workers_random_transforms(tmp_path):
+    # in this process (a world of one): the ranks of run_ranks are daemons, which may not start loader workers
+    reference = with_workers(None)
+    first = with_workers(str(tmp_path), stop_after=19)     # epoch 1 (15 steps each), 4 of its steps done
+    then = with_workers(str(tmp_path), load=True)
+    assert first + then == reference
+
+
+def test_ddtrain_train_refuses_a_scripts_state_naming_it(tmp_path):
+    from helpers import assert_one_clear_error, ddtrain
+    run_ranks(train, 2, str(tmp_path), stop_after=3)
+    result = ddtrain("train", "--model", "mlp", "--data", "digits", "--epochs", "1", "--quiet", "--checkpoint-dir",
+                     str(tmp_path), "--resume")
+    assert_one_clear_error(result, "is a script's state (ddtrain.save_state), not a checkpoint of ddtrain train")

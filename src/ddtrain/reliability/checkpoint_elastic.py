@@ -83,6 +83,9 @@ def check(header: dict, fingerprint: dict, now: dict | None, path) -> bool:
     ``now`` is this run's ``section``. A checkpoint without one (written before elastic
     resume) resumes only at its own size, checked as it always was.
     """
+    if header.get("kind") == "state":   # checkpoint.STATE_KIND: a prepare() script's ddtrain.save_state wrote it
+        raise ConfigMismatch(f"checkpoint {path} is a script's state (ddtrain.save_state), not a checkpoint of "
+                             "ddtrain train; give --checkpoint-dir a directory of its own")
     theirs = header.get("elastic")
     if not isinstance(theirs, dict) or now is None:
         check_resumable(header, fingerprint, path)

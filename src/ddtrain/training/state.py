@@ -209,14 +209,12 @@ def _when_due(loader) -> None:
 
 
 def _stop(entry: Prepared) -> None:
-    """Every rank, at the step all agreed on: save, tell the launcher (or say it), and end the process."""
+    """Every rank, at the step all agreed on: save (``save_state`` tells the launcher), or say it, and end the process."""
     s = _session
     path = save_state(s.directory)
     preemption, rank = s.preemption, runtime.rank()
     signal_name, signal_at = preemption.signal_name, preemption.first[1] if preemption.first else None
     step = entry.counter.steps
-    if rank == 0 or runtime.local_rank() == 0:   # each node's launcher reads its own node's report
-        write_report(step, str(path), signal_name=signal_name, signal_at=signal_at, rank=rank, saved=True)
     code = launch.PREEMPTED_EXIT
     if os.environ.get(launch.PREEMPT_REPORT_ENV):   # ddtrain's launcher says it and exits 75
         code = 0
@@ -372,6 +370,11 @@ def save_state(directory=None, *, keep: int = DEFAULT_KEEP) -> Path:
     verdict = _agree(verdict, last.strategy.group)
     if verdict is not None:
         raise (DDTrainError if rank0 else PeerStopped)(f"save_state(): {verdict}")
+    preemption = s.preemption
+    if preemption is not None and preemption.stopped and (rank0 or runtime.local_rank() == 0):
+        # a stop agreed: each node's launcher (ddtrain run) reads where the workers stopped and says it
+        write_report(step, str(path), signal_name=preemption.signal_name,
+                     signal_at=preemption.first[1] if preemption.first else None, rank=runtime.rank(), saved=True)
     return path
 
 
@@ -389,10 +392,14 @@ def _agree(verdict, group=None):
 def load_state(directory=None) -> Resumed | None:
     """Collective: restore the newest whole state in ``directory`` into everything prepared; None when it has none.
 
-    Call it after ``prepare()`` and after creating the schedulers. A damaged file is named and
+    ``directory``: default ``prepare(checkpoint_dir=...)``'s, else ``ddtrain run --checkpoint-dir``'s
+    (None when there is none either). Call it after ``prepare()`` and after creating the schedulers. A damaged file is named and
     the one before it loaded; a state of another model or run is refused, naming what differs.
     """
     entries = _live("load_state")
+    if not (directory or _session.directory or job.checkpoint_dir()):
+        _session.loaded = True
+        return None     # no directory anywhere: nothing can have been saved (save_state would have refused)
     directory = _directory(directory, "load_state")
     s, rank0 = _session, runtime.rank() == 0
     s.loaded = True

@@ -264,3 +264,58 @@ def test_ddtrain_train_refuses_a_scripts_state_naming_it(tmp_path):
     result = ddtrain("train", "--model", "mlp", "--data", "digits", "--epochs", "1", "--quiet", "--checkpoint-dir",
                      str(tmp_path), "--resume")
     assert_one_clear_error(result, "is a script's state (ddtrain.save_state), not a checkpoint of ddtrain train")
+
+
+def test_schedulers_and_a_scaler_given_to_prepare_and_periodic_saves(tmp_path):
+    """prepare(model, optimizer, loader, scheduler, scaler): both returned as they are and saved; checkpoint_every=4
+    saves after steps 4, 8, ... keeping the 2 newest, once the step's own code has run (the scheduler stepped)."""
+    import ddtrain
+    from ddtrain.reliability import checkpoint
+
+    def build():
+        torch.manual_seed(0)
+        model = torch.nn.Linear(6, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        warmup = torch.optim.lr_scheduler.LinearLR(optimizer, 0.1, total_iters=10)   # two of one class on one
+        decay = torch.optim.lr_scheduler.LinearLR(optimizer, 1.0, 0.5, total_iters=20)   # model: given to prepare
+        scaler = torch.amp.GradScaler("cpu", init_scale=128.0, growth_interval=4)   # doubles every 4 steps
+        loader = DataLoader(Indexed(), batch_size=4, shuffle=True)
+        return ddtrain.prepare(model, optimizer, loader, warmup, decay, scaler, checkpoint_dir=str(tmp_path),
+                               checkpoint_every=4)
+
+    model, optimizer, loader, warmup, decay, scaler = build()
+    assert isinstance(warmup, torch.optim.lr_scheduler.LinearLR) and isinstance(scaler, torch.amp.GradScaler)
+    for x, y, _ in loader:                          # one epoch: 15 steps
+        scaler.scale(torch.nn.functional.mse_loss(model(x), y)).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        optimizer.zero_grad()
+        warmup.step()
+        decay.step()
+    ddtrain.shutdown()
+    assert [step for step, _ in checkpoint.listing(tmp_path)] == [12, 8]
+    _, saved = checkpoint.read(checkpoint.path_for(tmp_path, 12))
+    entry = saved["shared"]["entries"][0]
+    assert [s["last_epoch"] for s in entry["schedulers"]] == [12, 12]   # saved after the schedulers' own step 12
+    assert entry["scaler"]["scale"] == 128.0 * 2 ** 3 and entry["steps"] == 12
+    model, optimizer, loader, warmup, decay, scaler = build()
+    state = ddtrain.load_state()                   # the directory prepare() was given
+    assert (state.step, state.epoch) == (12, 0)
+    assert warmup.last_epoch == decay.last_epoch == 12 and scaler.get_scale() == 1024.0
+    assert len(list(loader)) == 3                  # the 3 steps of the epoch not yet trained
+    ddtrain.shutdown()
+
+
+def test_two_schedulers_of_one_class_found_on_an_optimizer_are_refused_until_given_to_prepare(tmp_path):
+    import ddtrain
+    model = torch.nn.Linear(6, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer, _ = ddtrain.prepare(model, optimizer, checkpoint_dir=False)
+    torch.optim.lr_scheduler.StepLR(optimizer, 3)
+    first = torch.optim.lr_scheduler.LinearLR(optimizer, 0.1)
+    second = torch.optim.lr_scheduler.LinearLR(optimizer, 0.5)   # noqa: F841  (kept alive: found by the save)
+    with pytest.raises(ddtrain.DDTrainError, match="2 of them LinearLR: pass them to prepare"):
+        ddtrain.save_state(str(tmp_path))
+    del first
+    ddtrain.save_state(str(tmp_path))          # one LinearLR and one StepLR: each found as itself
+    ddtrain.shutdown()

@@ -447,9 +447,10 @@ def _check(header: dict, fp: dict, now: dict) -> None:
     fields = FIELDS + (("world_size", "batch_size") if "fixed" in theirs or "fixed" in now else ())
     found = differences(fp, header.get("fingerprint") or {}, fields)
     if found:
+        hint = "; create the LR schedulers before load_state" if any(f.startswith("schedulers") for f in found) else ""
         raise ConfigMismatch(f"load_state(): {path} was saved by another model or run: it has " + ", ".join(found)
                              + " (this script has the second value); load a state this script saved, or give it "
-                             "another directory")
+                             "another directory" + hint)
     was, here = theirs.get("workers"), now["workers"]
     if was != here and here not in theirs.get("worker_counts", []):
         raise ConfigMismatch(f"load_state(): {path} was saved by {was} workers and cannot load on {here}: its global "

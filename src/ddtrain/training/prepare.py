@@ -166,6 +166,13 @@ def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strate
     if not isinstance(global_batch, int) or global_batch < 0:
         raise DDTrainError(f"prepare(): global_batch_size must be a positive number of samples, got {global_batch!r}")
     directory = (job.checkpoint_dir() if checkpoint_dir is None else checkpoint_dir) or None
+    if not isinstance(checkpoint_every, int) or checkpoint_every < 0:
+        raise DDTrainError(f"prepare(): checkpoint_every must be a non-negative number of steps, got {checkpoint_every!r}")
+    if checkpoint_every and not directory:
+        raise DDTrainError("prepare(): checkpoint_every needs a checkpoint directory (checkpoint_dir=..., or ddtrain run "
+                           "--checkpoint-dir)")
+    if directory and os.path.exists(directory) and not os.path.isdir(directory):
+        raise DDTrainError(f"prepare(): checkpoint_dir {directory} is a file, not a directory")
     device = runtime.device()
     model.to(device)                  # in place: the optimizers' parameters stay the model's
     synced = wrap(strategy, model, optimizers[0] if len(optimizers) == 1 else optimizers or None, settings)

@@ -130,8 +130,6 @@ def register(entry: Prepared, *, checkpoint_dir: str | None = None, checkpoint_e
     if s.directory and os.path.abspath(s.directory) != os.path.abspath(checkpoint_dir):
         raise DDTrainError(f"prepare(checkpoint_dir={checkpoint_dir!r}): an earlier prepare() of this process "
                            f"named {s.directory!r}; one script keeps its state in one directory")
-    if checkpoint_every < 0:
-        raise DDTrainError(f"prepare(): checkpoint_every must be a non-negative number of steps, got {checkpoint_every}")
     s.directory, s.every = str(checkpoint_dir), checkpoint_every or s.every
     _preemption()
     if entry.loader is not None:

@@ -319,3 +319,15 @@ def test_two_schedulers_of_one_class_found_on_an_optimizer_are_refused_until_giv
     del first
     ddtrain.save_state(str(tmp_path))          # one LinearLR and one StepLR: each found as itself
     ddtrain.shutdown()
+
+
+def test_checkpoint_info_reads_a_scripts_state(tmp_path):
+    from helpers import ddtrain
+    run_ranks(train, 2, str(tmp_path), stop_after=10, global_batch=12)
+    shown = ddtrain("checkpoint", "info", str(tmp_path))
+    assert shown.returncode == 0, shown.stderr
+    for phrase in ("written by:    ddtrain.save_state (a script's state, 1 prepared model(s))",
+                   "step:          10 optimizer steps (the loader's epoch 1 counted from 0, 5 of its steps done)",
+                   "optimizers SGD, schedulers StepLR, 60 training samples, global batch 12", "2 workers",
+                   "resumes on:    1, 2, 3, 4, 6, 12 workers", "integrity:     ok"):
+        assert phrase in shown.stdout, (phrase, shown.stdout)

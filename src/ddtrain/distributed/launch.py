@@ -345,7 +345,7 @@ def report_preemption(report: dict, policy: PreemptPolicy, *, signal_name: str |
     signal, when it got one (else the workers'). Called by the launcher, or by rank 0 when a
     launcher of its own (srun, torchrun) started it.
     """
-    name = signal_name or report.get("signal") or "a signal"
+    name = signal_name or report.get("signal") or "a signal to a worker"
     began = signal_at or report.get("signal_at")
     step, path = report.get("step"), report.get("checkpoint")
     if report.get("saved"):

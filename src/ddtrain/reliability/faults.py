@@ -8,7 +8,8 @@ over the whole run). Kinds:
 * ``skip``: skips the step's collectives and every later one, staying alive (its heartbeat
   goes on), as a rank stuck in a data-dependent branch would: its peers wait for it;
 * ``nan``: this step's forward pass on that rank returns NaN (a numerical fault, once);
-* ``corrupt``: adds noise to that rank's first parameter (a silent divergence of replicas).
+* ``corrupt``: adds noise to that rank's first parameter (a silent divergence of replicas);
+* ``term``: SIGTERM to itself, training going on (a scheduler's stop signal reaching that rank only).
 
 A fault fires only in the first attempt of a job (``restart_attempt()`` 0), so
 restarted workers run clean. ``fit`` installs a ``FaultInjector`` callback only when a fault is
@@ -24,7 +25,7 @@ import time
 from ddtrain.errors import DDTrainError
 from ddtrain.distributed.job import restart_attempt
 
-KINDS = ("raise", "exit", "kill", "hang", "skip", "nan", "corrupt")
+KINDS = ("raise", "exit", "kill", "hang", "skip", "nan", "corrupt", "term")
 
 
 class InjectedFault(RuntimeError):
@@ -98,6 +99,9 @@ def maybe_inject(step: int, rank: int, module=None) -> None:
         os._exit(3)
     if kind == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "term":
+        os.kill(os.getpid(), signal.SIGTERM)
+        return
     if kind == "nan":
         handle = module.register_forward_hook(lambda _m, _inputs, out: (handle.remove(), out * float("nan"))[1])
         return

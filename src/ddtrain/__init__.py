@@ -23,6 +23,8 @@ _PUBLIC = {
     "unwrap": "ddtrain.training.prepare",
     "all_reduce_metric": "ddtrain.training.metrics",
     "gather_for_metrics": "ddtrain.training.metrics",
+    **dict.fromkeys(("save_state", "load_state", "stop_requested", "register_for_checkpointing"),
+                    "ddtrain.training.state"),
     **dict.fromkeys(("backend", "device", "is_distributed", "is_server", "local_rank", "local_world_size", "print0",
                      "rank", "shutdown", "total_ranks", "worker_group", "world_size"), "ddtrain.distributed.runtime"),
 }

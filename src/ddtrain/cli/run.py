@@ -11,8 +11,13 @@ train`` starts its workers, so the same checks and one-line messages, the same f
 ``--global-batch-size`` reach it as ``DDTRAIN_CHECKPOINT_DIR`` and ``DDTRAIN_GLOBAL_BATCH_SIZE``
 (``ddtrain.distributed.job.checkpoint_dir()``, ``global_batch_size()``), and each worker's
 ``TORCHELASTIC_RESTART_COUNT`` is the job's attempt (0, then 1, 2, ... after each restart or
-resize: ``ddtrain.distributed.job.restart_attempt()``), which says when to load the saved state.
-No root is needed (``ddtrain cluster run`` is the emulated multi-node one).
+resize: ``ddtrain.distributed.job.restart_attempt()``). The script's state goes through
+``ddtrain.save_state``/``load_state`` (their default directory is ``DDTRAIN_CHECKPOINT_DIR``; an
+unchanged script gets both from ``prepare``), and ``prepare``'s training loader takes the global
+batch; with ``--checkpoint-dir`` a SIGTERM or SIGINT is forwarded to the workers, which save after
+the same step (``ddtrain.stop_requested()``), and the launcher exits 75 with one line
+(``ddtrain.training.state``, docs/PORTING.md). No root is needed (``ddtrain cluster run`` is the
+emulated multi-node one).
 """
 from __future__ import annotations
 
@@ -23,6 +28,7 @@ import sys
 from ddtrain.distributed.config import BACKENDS
 
 SCRIPT_MODULE = "ddtrain.cli.run"     # what each worker runs: ``python -m ddtrain.cli.run script.py ARGS``
+# said after the workers stopped on a signal with their state saved (ddtrain.save_state, prepare(checkpoint_dir=...))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,8 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-restarts", type=int, default=0, help="restart all workers up to this many times after a failure")
     p.add_argument("--checkpoint-dir", metavar="DIR", default=None,
                    help="where the script keeps its state, exported to the workers as DDTRAIN_CHECKPOINT_DIR (None: "
-                        "that variable's value if set); needed to change size: after one the script loads its "
-                        "state from there")
+                        "that variable's value if set): the default directory of ddtrain.save_state/load_state, and "
+                        "prepare() saves there on a stop signal and loads from there at the start; needed to change "
+                        "size")
     p.add_argument("--preempt-signal", metavar="SIG", default="",
                    help="with --checkpoint-dir: a signal besides SIGTERM and SIGINT that the launcher passes on to the "
                         "workers to stop and save (e.g. USR1 for sbatch --signal=USR1@120), told to the script as "

@@ -4,10 +4,11 @@ One file per checkpoint, ``DIR/ckpt-00000120.pt`` for the state after 120 steps,
 rank's part: rank 0 gathers the parts (``gather_object``), alone writes and reads the files,
 and on resume hands each rank its own part back (``scatter_object_list``). So the directory
 only has to exist on rank 0's host, and a checkpoint is complete or absent, never half of
-the ranks. A rank's part is its RNG states (torch CPU and CUDA, Python ``random``, numpy)
-and its running epoch metrics; the model, optimizer and gradient-scaler states are stored
-once when the strategy keeps replicas identical (ddp and the all-reduce strategies), else
-once per rank; files are written atomically and verified when read (``write``).
+the ranks. A rank's part is its RNG states (torch CPU and CUDA, Python ``random``, numpy),
+its running epoch metrics and its gradient compressor's state (error feedback, PowerSGD's Q,
+DDP's buckets); the model, optimizer and gradient-scaler states are stored once when the
+strategy keeps replicas identical (ddp and the all-reduce strategies), else once per rank;
+files are written atomically and verified when read (``write``).
 ``Checkpointer`` is the training loop's side (resume, when one is due, save). A save blocks
 training only while the state is gathered and copied to host memory (a snapshot); rank 0
 serialises, writes, flushes and renames the file on a thread of its own (``Writer``), one
@@ -386,8 +387,14 @@ class Writer:
             raise DDTrainError(write_failure(self._path, error)) from None
 
 
+STATE_KIND = "state"   # the header's ``kind`` of a file ``ddtrain.save_state`` wrote (a script's state)
+
+
 def check_payload(payload, header: dict, path) -> None:
-    """Raise DDTrainError naming the file when a readable payload is not what ``save`` writes."""
+    """Raise DDTrainError naming the file when a readable payload is not what ``save`` (or ``save_state``) writes."""
+    if header.get("kind") == STATE_KIND:
+        return _check_state_payload(payload, header, path)
+
     def bad(what):
         return DDTrainError(f"checkpoint {path} cannot be resumed from: {what} (it was not written by ddtrain's "
                             "training loop, or was edited); remove it or resume from another")
@@ -404,13 +411,34 @@ def check_payload(payload, header: dict, path) -> None:
         raise bad("it holds no model and optimizer state")
 
 
-def restore(directory, *, required: bool, warn, check=None, reshape=None):
+def _check_state_payload(payload, header: dict, path) -> None:
+    """``check_payload`` for a script's state (``ddtrain.training.state``): per-rank parts and every prepared model."""
+    def bad(what):
+        return DDTrainError(f"state file {path} cannot be loaded: {what} (it was not written by ddtrain.save_state, "
+                            "or was edited); remove it or load another")
+    ranks = payload.get("ranks") if isinstance(payload, dict) else None
+    if not isinstance(ranks, list) or not ranks:
+        raise bad("its payload has no list of per-rank parts ('ranks')")
+    if len(ranks) != header.get("world_size", len(ranks)):
+        raise bad(f"its payload has {len(ranks)} per-rank parts but its header says world_size={header['world_size']}")
+    for r, part in enumerate(ranks):
+        if not isinstance(part, dict) or not {"rng", "rng_epoch", "loaders"} <= part.keys():
+            raise bad(f"rank {r}'s part lacks its RNG states or loader positions")
+    state = payload.get("shared") if payload.get("shared") is not None else ranks[0]
+    entries = state.get("entries") if isinstance(state, dict) else None
+    if not (isinstance(entries, list) and entries and all(isinstance(e, dict) and isinstance(e.get("model"), dict)
+                                                          for e in entries)):
+        raise bad("it holds no model state")
+
+
+def restore(directory, *, required: bool, warn, check=None, reshape=None, missing=None):
     """Every rank's part of the newest whole checkpoint: (header, shared, my part), or None if none.
 
     Rank 0 finds and verifies the file (``check(header)`` may raise DDTrainError for an
     incompatible one) and sends each rank its part; every rank raises the same error. A
     checkpoint of another world size has its parts made into this one's by
     ``reshape(header, parts, shared)`` (``checkpoint_elastic.reshape``; None: no need).
+    ``missing()``: the message when ``required`` and no file is whole (default: ``--resume``'s).
     """
     rank = dist.get_rank() if _distributed() else 0
     verdict, parts = None, None
@@ -418,7 +446,8 @@ def restore(directory, *, required: bool, warn, check=None, reshape=None):
         try:
             found = newest(directory, warn=warn, quarantine=True) if Path(directory).is_dir() else None
             if found is None and required:
-                raise DDTrainError(f"resume (--resume): no whole checkpoint in {directory}")
+                raise DDTrainError(missing() if missing is not None else
+                                   f"resume (--resume): no whole checkpoint in {directory}")
             if found is not None:
                 path, header, payload = found
                 if check:
@@ -526,6 +555,7 @@ class Checkpointer:
             if self.scaler is not None and state.get("scaler"):
                 self.scaler.load_state_dict(state["scaler"])
             self.strategy.load_state_dict(part.get("strategy") or {})   # after the model: local-sgd re-anchors on it
+            note = self.strategy.load_compressor_state_dict(part.get("compressor") or {})
             set_rng_state(part["rng"])
         except (RuntimeError, ValueError, KeyError, TypeError, IndexError) as exc:
             lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
@@ -538,6 +568,8 @@ class Checkpointer:
         self.record["epochs"] = list(header.get("epochs_done", []))
         self.info["resumed_from"] = {"path": header["path"], "step": self.step, "epoch": self.epoch,
                                      "step_in_epoch": self._skip}
+        if note:
+            runtime.print0(f"ddtrain: note: {note}")
         runtime.print0(f"{why}: resumed from {header['path']} at step {self.step} "
                        f"(epoch {self.epoch}, {self._skip} of its steps done)")
         theirs = header.get("elastic") or {}
@@ -620,7 +652,8 @@ class Checkpointer:
             state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scaler": self.scaler.state_dict() if self.scaler is not None else None}
         part = {"rng": rng_state(), "rng_epoch": self._rng_epoch, "meter": self._meter.sums,
-                "epoch_time_s": time.perf_counter() - self._epoch_t0, "strategy": self.strategy.state_dict()}
+                "epoch_time_s": time.perf_counter() - self._epoch_t0, "strategy": self.strategy.state_dict(),
+                "compressor": self.strategy.compressor_state_dict()}
         if not replicated:
             part.update(state)
         header = {"step": step, "epoch": self._epoch_now, "step_in_epoch": steps_done,

@@ -9,7 +9,9 @@ the worker count, the data set, the strategy's resize rule and the worker counts
 on (the divisors of G; ``--grad-accum`` is re-chosen where the one asked does not fit,
 ``ddtrain.recipe.grad_accum_for``). What is per rank is merged or re-derived (``reshape``):
 the epoch's metric sums are added up (on rank 0), the RNG streams of ranks that did not exist
-are seeded from (seed, step, rank), and strategies without one global state follow their rule:
+are seeded from (seed, step, rank), a gradient compressor's per-rank error feedback is merged
+into the workers' mean (``compression.merge_states``: not identical training, and the resize
+message says so), and strategies without one global state follow their rule:
 local-sgd averages the workers' replicas (an averaging at the boundary), hybrid takes rank 0's
 (its broadcast at the boundary), the parameter servers keep their own shards.
 """
@@ -19,6 +21,7 @@ import random
 
 import torch
 
+from ddtrain.comm import compression
 from ddtrain.reliability.consistency import ConfigMismatch, check_resumable, differences, resume_fields
 
 # What must still agree when the worker count changes is the fingerprint's settings marked resume="same"
@@ -26,9 +29,16 @@ from ddtrain.reliability.consistency import ConfigMismatch, check_resumable, dif
 # arguments, and the global batch (recorded here before the fingerprint held it).
 SECTION_FIELDS = ("data", "data_args", "global_batch_size")
 
-# a strategy's rule for a resize (``rule``): "identical", "average", "rank0", "servers"
+# a strategy's rule for a resize (``rule``): "identical", "average", "rank0", "servers", and with gradient
+# compression "compressed" (a method without state) or "residuals-merged" (error feedback: ``compression.merge_states``)
 RULES = {
     "identical": "identical training: the replicas are one global state",
+    "compressed": "the replicas are one global state, but each worker compresses its own gradient (16-bit rounding "
+                  "of another number of summands): close to, not identical training",
+    "residuals-merged": "the replicas are one global state; the compressor's per-rank error feedback is merged (every "
+                        "worker starts from the old workers' mean error, so the next averaged gradient carries the "
+                        "same residual; what is sent of it differs) and its shared state (PowerSGD's Q, step count) "
+                        "kept: close to, not identical training",
     "servers": "identical training: the parameter servers' parameters and optimizer state are the global state",
     "rank0": "rank 0's replica (the broadcast hybrid makes every --sync-every steps, done at the boundary)",
     "average": "the workers' replicas and optimizer states averaged (an averaging at the boundary)",
@@ -36,10 +46,13 @@ RULES = {
 }
 
 
-def rule(spec) -> str:
-    """A strategy's resize rule from its StrategySpec (no strategy name tested)."""
+def rule(spec, compression_spec: str = "none") -> str:
+    """A strategy's resize rule from its StrategySpec and its gradient compression (no strategy name tested)."""
     if spec.replicated:
-        return "identical"
+        if compression_spec == "none":
+            return "identical"
+        record, _ = compression.parse_spec(compression_spec)
+        return "residuals-merged" if record.error_feedback else "compressed"
     if spec.uses_servers:
         return "servers" if spec.synchronous else "servers-async"
     return "rank0" if spec.synchronous else "average"
@@ -70,6 +83,9 @@ def check(header: dict, fingerprint: dict, now: dict | None, path) -> bool:
     ``now`` is this run's ``section``. A checkpoint without one (written before elastic
     resume) resumes only at its own size, checked as it always was.
     """
+    if header.get("kind") == "state":   # checkpoint.STATE_KIND: a prepare() script's ddtrain.save_state wrote it
+        raise ConfigMismatch(f"checkpoint {path} is a script's state (ddtrain.save_state), not a checkpoint of "
+                             "ddtrain train; give --checkpoint-dir a directory of its own")
     theirs = header.get("elastic")
     if not isinstance(theirs, dict) or now is None:
         check_resumable(header, fingerprint, path)
@@ -135,6 +151,13 @@ def merged_state(states: list[dict], how: str) -> dict:
     return mean(states)
 
 
+def merged_compressor(saved: list[dict]) -> dict:
+    """The workers' compressor states (``Strategy.compressor_state_dict``) made into one for every new worker."""
+    if not saved or "state" not in saved[0]:
+        return saved[0] if saved else {}
+    return {**saved[0], "state": compression.merge_states([s.get("state", {}) for s in saved])}
+
+
 def reshape(parts: list[dict], shared, *, elastic: dict, workers: int, seed: int, step: int,
             capture, apply) -> list[tuple]:
     """(shared, part) for each rank of a world of ``workers`` workers (+ the same servers) from a checkpoint's parts.
@@ -149,6 +172,7 @@ def reshape(parts: list[dict], shared, *, elastic: dict, workers: int, seed: int
     was, servers = elastic["workers"], elastic.get("servers", 0)
     worker_parts = parts[:was]
     meter = sum(p["meter"] for p in worker_parts)
+    compressor = merged_compressor([p.get("compressor") or {} for p in worker_parts])
     state = None
     if "model" in worker_parts[0]:  # not replicated: one state from the workers' own
         state = merged_state([{k: p[k] for k in ("model", "optimizer", "scaler") if k in p} for p in worker_parts],
@@ -161,6 +185,7 @@ def reshape(parts: list[dict], shared, *, elastic: dict, workers: int, seed: int
             rng = derived_rng(seed, step, r, capture, apply)
             part = {**worker_parts[0], "rng": rng, "rng_epoch": rng}
         part["meter"] = meter if r == 0 else torch.zeros_like(meter)
+        part["compressor"] = compressor
         if state is not None:
             part.update(state)
         out.append((shared, part))

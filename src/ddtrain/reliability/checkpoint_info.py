@@ -5,7 +5,8 @@ of it (``checkpoint.read``: the header's checksum, the payload's length and SHA-
 ``torch.load(weights_only=True)``, then the payload's structure) and returns one ``FileInfo``
 per file; ``lines`` renders them. A checkpoint is described by its header: step and epoch,
 the run's configuration (strategy, model, data, global batch, gradient accumulation, workers,
-seed), its size, and the worker counts it can resume on (``checkpoint_elastic``).
+seed), its size, and the worker counts it can resume on (``checkpoint_elastic``). A script's state
+(``ddtrain.save_state``, header kind "state") is read the same way and described by its own lines.
 """
 from __future__ import annotations
 
@@ -66,14 +67,36 @@ def resumes_on(header: dict) -> str:
     if "fixed" in elastic:
         return f"{shown} workers only ({elastic['fixed']})"
     rule = checkpoint_elastic.RULES.get(elastic.get("rule"), elastic.get("rule") or "?")
+    if header.get("kind") == checkpoint.STATE_KIND:
+        return f"{shown} workers (those whose count x grad_accum divides the global batch); {rule}"
     return f"{shown} workers (any divisor of the global batch; --grad-accum re-chosen where needed); {rule}"
+
+
+def _state_lines(h: dict) -> list[str]:
+    """The facts of a script's state (``ddtrain.save_state``: header kind "state")."""
+    fp, el = h.get("fingerprint") or {}, h.get("elastic") or {}
+    batch = (f"global batch {el['global_batch_size']}" if el.get("global_batch_size")
+             else f"batch {fp.get('batch_size', '?')} per worker")
+    names = lambda lists: ", ".join("+".join(x) or "-" for x in lists) or "-"   # noqa: E731  one model's, then the next's
+    return [f"  written by:    ddtrain.save_state (a script's state, {fp.get('models', '?')} prepared model(s))",
+            f"  step:          {h.get('step')} optimizer steps (the loader's epoch {h.get('epoch', 1) - 1} counted "
+            f"from 0, {h.get('step_in_epoch')} of its steps done)",
+            f"  configuration: strategy {h.get('strategy', '?')}, optimizers {names(fp.get('optimizers', []))}, "
+            f"schedulers {names(fp.get('schedulers', []))}, {fp.get('train_samples', '?')} training samples, {batch}, "
+            f"grad-accum {el.get('grad_accum', '?')}, {el.get('workers', h.get('world_size', '?'))} workers, "
+            f"seed {fp.get('seed', '?')}",
+            f"  parameters:    {fp.get('parameter_count', '?')} in {len(fp.get('parameter_shapes', []))} tensors"]
 
 
 def lines(info: FileInfo) -> list[str]:
     """The description of one file, one fact per line."""
     h = info.header
     out = [f"checkpoint {info.path}"]
-    if h:
+    if h and h.get("kind") == checkpoint.STATE_KIND:
+        out += _state_lines(h)
+        out += [f"  size:          {info.size_bytes} bytes (payload {h.get('payload_bytes', '?')})",
+                f"  resumes on:    {resumes_on(h)}"]
+    elif h:
         fp, el = h.get("fingerprint") or {}, h.get("elastic") or {}
         workers = el.get("workers", h.get("world_size", "?"))
         servers = f", {el['servers']} parameter server(s)" if el.get("servers") else ""

@@ -208,12 +208,27 @@ class Strategy:
         """The strategy's own state between steps (its sync schedule, an outer optimizer), for checkpoints.
 
         The same on every rank (a checkpoint at another world size gives new ranks rank 0's); what
-        is per rank and not here (compressors' residuals) restarts at a resume, as documented.
+        differs per rank, a gradient compressor's state, is ``compressor_state_dict``.
         """
         return {}
 
     def load_state_dict(self, state: dict) -> None:
         """Take back ``state_dict()``'s state; called after the model's and the optimizer's are loaded."""
+
+    def compressor_state_dict(self) -> dict:
+        """This rank's gradient-compressor state (error feedback, PowerSGD's Q and step count), for checkpoints.
+
+        Saved per rank; at another world size ``ddtrain.comm.compression.merge_states`` makes the
+        new ranks' from the old ones'. {} for a strategy without a compressor.
+        """
+        return {}
+
+    def load_compressor_state_dict(self, state: dict) -> str | None:
+        """Take back ``compressor_state_dict()``'s state; returns a note when it is not taken (None: taken, or none)."""
+        if state.get("compression"):
+            return (f"the compressor state of compression {state.get('compression')} is not restored: this run "
+                    "has no compressor (world size 1, or a strategy that compresses nothing)")
+        return None
 
     def replicas_identical(self, step: int) -> bool:
         """Are the replicas bitwise identical after ``step``? (Default: the spec's ``replicated``.)"""

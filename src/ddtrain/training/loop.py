@@ -134,7 +134,7 @@ def _fit(model, data, config, optimizer, loss_fn, callbacks, workers, preemption
                                               config, workers=strategy.workers,
                                               servers=runtime.total_ranks() - strategy.workers if distributed else 0,
                                               train_samples=len(data.train),
-                                              resize_rule=checkpoint_elastic.rule(strategy.spec)))
+                                              resize_rule=checkpoint_elastic.rule(strategy.spec, config.sync.compression)))
         # a restart whose rank 0 moved to a node without the checkpoints must not start from step 0
         storage.check_shared(options.checkpoint_dir, attempt=info["attempt"],
                              max_restarts=storage.restarts_allowed(options.max_restarts))

@@ -8,7 +8,14 @@
 - the optimizer (or a list of them): an instance of a subclass of the user's optimizer class
   whose ``step()`` also runs the strategy (``prepared_optimizer``), so schedulers accept it;
 - the loaders: DataLoaders over this rank's share, batches on the device (``prepared_loader``);
-  the first is the training loader, the others evaluation loaders (nothing dropped).
+  the first is the training loader, the others evaluation loaders (nothing dropped);
+- LR schedulers and a ``GradScaler`` among them: returned as they are, saved with the state.
+
+What it returns is registered for ``ddtrain.save_state``/``load_state`` (``training.state``);
+``checkpoint_dir`` (default: ``ddtrain run --checkpoint-dir``'s) saves the state at a stop
+signal and loads it before the training loader's first iteration, by itself; ``global_batch_size``
+(default: ``ddtrain run --global-batch-size``'s) makes the training order independent of the
+number of workers, so that the state loads at another world size.
 
 ``prepare`` may be called once per model (a GAN's generator and discriminator). Parameter-server
 ranks serve inside ``prepare`` and then leave the process (their strategy's documented exit).
@@ -18,13 +25,15 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
+import weakref
 
 import torch
 from torch.utils.data import DataLoader
 
-from ddtrain.distributed import runtime
+from ddtrain.distributed import job, runtime
 from ddtrain.errors import DDTrainError
 from ddtrain.sync import SyncOptions, check_options, strategy_spec, wrap
+from ddtrain.training import state
 from ddtrain.training.metrics import Placement
 from ddtrain.training.prepared_loader import PreparedLoader
 from ddtrain.training.prepared_model import PreparedModel, unwrap
@@ -119,13 +128,21 @@ def prepare_loader(loader: DataLoader, *, training: bool = False, seed: int = 0)
 
 
 def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strategy: str | None = None, seed: int = 0,
-            **options):
+            checkpoint_dir: str | None | bool = None, checkpoint_every: int = 0, global_batch_size: int | None = None,
+            grad_accum: int = 1, **options):
     """``(model, optimizer, *loaders)`` set up for ``strategy`` on this rank (see the module doc).
 
-    ``optimizer``: one optimizer, a list of them (returned as a list), or None. ``seed``: the
-    seed every rank shares for the loaders' shuffles. ``options``: SyncOptions fields
-    (``find_unused_parameters=True``, ``sync_every=4``, ``servers=2``...) and ``broadcast_buffers``.
-    Without loaders the third value is None (``model, optimizer, _ = prepare(model, optimizer)``).
+    ``optimizer``: one optimizer, a list of them (returned as a list), or None. ``loaders``:
+    DataLoaders (the first trains), and LR schedulers or a GradScaler to save with the state.
+    ``seed``: the seed every rank shares for the loaders' shuffles. ``checkpoint_dir``: where the
+    state is saved at a stop signal and loaded from at the start (None: ``ddtrain run
+    --checkpoint-dir``'s, ``DDTRAIN_CHECKPOINT_DIR``; False: never), also every
+    ``checkpoint_every`` optimizer steps. ``global_batch_size``: samples per optimizer step over
+    all workers (None: ``ddtrain run --global-batch-size``'s; 0: none), each rank's training batch
+    then G / (workers x ``grad_accum``), ``grad_accum`` being the micro-batches per step.
+    ``options``: SyncOptions fields (``find_unused_parameters=True``, ``sync_every=4``,
+    ``servers=2``...) and ``broadcast_buffers``. Without loaders the third value is None
+    (``model, optimizer, _ = prepare(model, optimizer)``).
     """
     runtime.init()
     strategy = strategy or os.environ.get(STRATEGY_ENV) or "ddp"   # `ddtrain run --strategy S` sets the variable
@@ -136,8 +153,22 @@ def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strate
         raise DDTrainError("prepare(): the model was already prepared; pass the bare model (ddtrain.unwrap(model))")
     _check_optimizers(model, optimizers)
     for loader in loaders:
-        if loader is not None and not isinstance(loader, DataLoader):
-            raise DDTrainError(f"prepare(): loaders must be torch.utils.data.DataLoader, got {type(loader).__name__}")
+        if loader is not None and not isinstance(loader, (DataLoader, *state.SCHEDULERS, torch.amp.GradScaler)):
+            raise DDTrainError(f"prepare(): after the optimizer come DataLoaders (and LR schedulers or a GradScaler "
+                               f"to save with the state), got {type(loader).__name__}")
+    if not isinstance(grad_accum, int) or grad_accum < 1:
+        raise DDTrainError(f"prepare(): grad_accum must be a positive number of micro-batches, got {grad_accum!r}")
+    global_batch = job.global_batch_size() if global_batch_size is None else global_batch_size
+    if not isinstance(global_batch, int) or global_batch < 0:
+        raise DDTrainError(f"prepare(): global_batch_size must be a positive number of samples, got {global_batch!r}")
+    directory = (job.checkpoint_dir() if checkpoint_dir is None else checkpoint_dir) or None
+    if not isinstance(checkpoint_every, int) or checkpoint_every < 0:
+        raise DDTrainError(f"prepare(): checkpoint_every must be a non-negative number of steps, got {checkpoint_every!r}")
+    if checkpoint_every and not directory:
+        raise DDTrainError("prepare(): checkpoint_every needs a checkpoint directory (checkpoint_dir=..., or ddtrain run "
+                           "--checkpoint-dir)")
+    if directory and os.path.exists(directory) and not os.path.isdir(directory):
+        raise DDTrainError(f"prepare(): checkpoint_dir {directory} is a file, not a directory")
     device = runtime.device()
     model.to(device)                  # in place: the optimizers' parameters stay the model's
     synced = wrap(strategy, model, optimizers[0] if len(optimizers) == 1 else optimizers or None, settings)
@@ -150,8 +181,22 @@ def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strate
     counter = StepCounter(synced, len(optimizers))
     prepared = [prepare_optimizer(opt, counter, index) for index, opt in enumerate(optimizers)]
     prepared_optimizer = (prepared if isinstance(optimizer, (list, tuple)) else prepared[0]) if prepared else None
-    prepared_loaders = [None if loader is None else
-                        PreparedLoader(loader, rank=synced.worker_rank, world_size=synced.workers, device=device,
-                                       seed=seed, training=index == 0, strategy=synced)
+    first = next((i for i, loader in enumerate(loaders) if isinstance(loader, DataLoader)), None)
+    prepared_loaders = [PreparedLoader(loader, rank=synced.worker_rank, world_size=synced.workers, device=device,
+                                       seed=seed, training=index == first, strategy=synced,
+                                       global_batch=global_batch, grad_accum=grad_accum)
+                        if isinstance(loader, DataLoader) else loader
                         for index, loader in enumerate(loaders)] or [None]
-    return (PreparedModel(model, synced), prepared_optimizer, *prepared_loaders)
+    if first is not None and global_batch and prepared_loaders[first].batch_size != loaders[first].batch_size:
+        runtime.print0(f"ddtrain: note: prepare(): a global batch of {global_batch} over {synced.workers} worker(s) x "
+                       f"grad_accum {grad_accum}: each worker's batch is {prepared_loaders[first].batch_size} (the "
+                       f"training loader's batch_size {loaders[first].batch_size} is not used)")
+    prepared_model = PreparedModel(model, synced)
+    state.register(state.Prepared(
+        model=weakref.ref(prepared_model), strategy=synced, strategy_name=strategy, compression=settings.compression,
+        optimizers=prepared, originals=optimizers, counter=counter,
+        loader=prepared_loaders[first] if first is not None else None,
+        schedulers=[x for x in loaders if isinstance(x, state.SCHEDULERS)],
+        scaler=next((x for x in loaders if isinstance(x, torch.amp.GradScaler)), None), seed=seed,
+        global_batch=global_batch, grad_accum=grad_accum), checkpoint_dir=directory, checkpoint_every=checkpoint_every)
+    return (prepared_model, prepared_optimizer, *prepared_loaders)

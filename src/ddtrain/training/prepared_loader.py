@@ -44,10 +44,14 @@ class RankSampler(Sampler):
     each iteration takes the next epoch, so the order changes every epoch either way.
     """
 
-    def __init__(self, sampler, *, rank: int, world_size: int, seed: int = 0, drop_remainder: bool = True):
+    def __init__(self, sampler, *, rank: int, world_size: int, seed: int = 0, drop_remainder: bool = True,
+                 multiple: int | None = None):
         self.sampler, self.rank, self.world_size = sampler, rank, world_size
         self.seed, self.drop_remainder = seed, drop_remainder
+        # the remainder dropped is n mod this: the ranks (equal steps), or a global batch (whole global batches)
+        self.multiple = multiple or world_size
         self.epoch, self._next_epoch = 0, 0
+        self.skip = 0          # positions of this rank's share the next iteration leaves out (a resumed epoch's)
 
     def set_epoch(self, epoch: int) -> None:
         self._next_epoch = epoch
@@ -72,13 +76,14 @@ class RankSampler(Sampler):
         self._next_epoch = self.epoch + 1
         order = self.order()
         if self.drop_remainder:
-            order = order[: len(order) - len(order) % self.world_size]
-        return iter(order[self.rank::self.world_size])
+            order = order[: len(order) - len(order) % self.multiple]
+        skip, self.skip = self.skip, 0
+        return iter(order[self.rank::self.world_size][skip:])
 
     def __len__(self) -> int:
         n = len(self.sampler)
         if self.drop_remainder:
-            return n // self.world_size
+            return (n - n % self.multiple) // self.world_size
         return len(range(self.rank, n, self.world_size))
 
 
@@ -146,17 +151,37 @@ class PreparedLoader(DataLoader):
     """A DataLoader over this rank's share of the user's loader; iterating yields batches on ``device``.
 
     A training loader (``training=True``) also ends each epoch of the strategy (``end_epoch``)
-    when an iteration is exhausted.
+    when an iteration is exhausted. With ``global_batch`` G (a training loader of a script that
+    states its global batch) each rank's batch is G / (``world_size`` x ``grad_accum``) whatever
+    the loader's ``batch_size``, and the n mod G samples after the last whole global batch are
+    dropped: optimizer step s of an epoch trains positions s*G to (s+1)*G-1 of the epoch's order
+    at every world size (rank r takes every R-th of them), as ``ddtrain train --global-batch-size``.
+
+    For ``ddtrain.save_state`` it knows where it is (``position``: the epoch, the batches of it
+    yielded) and the RNG states at the start of the epoch (``rng_epoch``); ``resume_at`` makes
+    the next iteration of that epoch yield only the batches not yet trained.
     """
 
     def __init__(self, loader: DataLoader, *, rank: int, world_size: int, device: torch.device, seed: int = 0,
-                 training: bool = True, strategy=None):
+                 training: bool = True, strategy=None, global_batch: int = 0, grad_accum: int = 1):
         if not isinstance(loader, DataLoader):
             raise DDTrainError(f"prepare(): loader must be a torch.utils.data.DataLoader, got {type(loader).__name__}")
         dataset, options = loader.dataset, _loader_options(loader)
+        batch_size, drop_last, multiple = loader.batch_size, loader.drop_last, None
+        if global_batch and training:
+            batch_size, left = divmod(global_batch, world_size * grad_accum)
+            if left or not batch_size:
+                raise DDTrainError(f"prepare(): a global batch of {global_batch} samples cannot be shared by "
+                                   f"{world_size} worker(s) x grad_accum {grad_accum}: it must be a multiple of "
+                                   f"{world_size * grad_accum}")
+            drop_last, multiple = True, global_batch
+            if not isinstance(dataset, IterableDataset) and hasattr(loader.sampler, "__len__") \
+                    and len(loader.sampler) < global_batch:
+                raise DDTrainError(f"prepare(): a global batch of {global_batch} samples is more than the "
+                                   f"{len(loader.sampler)} the training loader's sampler gives")
         if isinstance(dataset, IterableDataset):
             super().__init__(IterableShard(dataset, rank=rank, world_size=world_size, drop_remainder=training),
-                             batch_size=loader.batch_size, drop_last=loader.drop_last, **options)
+                             batch_size=batch_size, drop_last=drop_last, **options)
         else:
             if loader.batch_size is None:
                 raise DDTrainError("prepare(): loader.batch_sampler is a custom batch sampler, which ddtrain cannot "
@@ -165,25 +190,83 @@ class PreparedLoader(DataLoader):
                 raise DDTrainError("prepare(): loader.sampler is a DistributedSampler, already sharded by rank; "
                                    "give the loader the sampler you would use in one process (or shuffle=True)")
             sampler = RankSampler(loader.sampler, rank=rank, world_size=world_size, seed=seed,
-                                  drop_remainder=training)
+                                  drop_remainder=training, multiple=multiple)
             if training and hasattr(loader.sampler, "__len__") and len(loader.sampler) < world_size:
                 raise DDTrainError(f"prepare(): the training loader's sampler gives {len(loader.sampler)} samples, "
                                    f"fewer than the {world_size} ranks that train: some would have none")
-            super().__init__(dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last,
-                             **options)
+            super().__init__(dataset, batch_size=batch_size, sampler=sampler, drop_last=drop_last, **options)
         self.device, self.training, self.strategy = device, training, strategy
+        self.global_batch, self.world_size = global_batch if training else 0, world_size
         self.non_blocking = bool(loader.pin_memory) and device.type == "cuda"
         self.iterations = 0       # completed passes (the epoch number of an iterable dataset)
+        # for ddtrain.save_state / load_state (ddtrain.training.state)
+        self.position = {"epoch": 0, "batches": 0, "in_epoch": False}   # the epoch, its batches yielded
+        self.rng_epoch = None     # the RNG states when this epoch's iteration began (training loaders)
+        self.before_iteration = None   # called with (loader, epoch) before an iteration: a load_state deferred to it
+        self.after_batch = None        # called with (loader) when the next batch is asked for (or none is left):
+        #                                the step's own code has run, a save due at that step happens here
+        self.fast_forward_to = None    # iterations of epochs before this one yield nothing (a resumed unmodified script)
+        self._resume = None
 
     def set_epoch(self, epoch: int) -> None:
         """The epoch of the next iteration (its shuffle); as ``DistributedSampler.set_epoch``."""
         if isinstance(self.sampler, RankSampler):
             self.sampler.set_epoch(epoch)
 
+    def upcoming_epoch(self) -> int:
+        """The epoch the next iteration will be."""
+        return self.sampler._next_epoch if isinstance(self.sampler, RankSampler) else self.iterations
+
+    def resume_at(self, epoch: int, batches: int, rng_epoch=None, rng=None) -> None:
+        """The next iteration, of ``epoch``, yields only the batches after the first ``batches``.
+
+        It starts from the RNG states ``rng_epoch`` (those the saved run's epoch began with: the
+        loader's own draws come out the same), leaves the trained batches out (in the sampler
+        with no loader workers, else drawn and dropped so that the workers' batches stay theirs),
+        then sets ``rng`` (the states after the saved step) before yielding the first batch.
+        """
+        self.set_epoch(epoch)
+        if not isinstance(self.sampler, RankSampler):
+            self.iterations = epoch
+        self.fast_forward_to = None
+        self._resume = {"epoch": epoch, "batches": batches, "rng_epoch": rng_epoch, "rng": rng}
+        self.position = {"epoch": epoch, "batches": batches, "in_epoch": bool(batches)}
+
     def __iter__(self):
-        for batch in super().__iter__():
+        from ddtrain.reliability.checkpoint import rng_state, set_rng_state
+        epoch = self.upcoming_epoch()
+        if self.before_iteration is not None:
+            self.before_iteration(self, epoch)
+            epoch = self.upcoming_epoch()
+        if self.fast_forward_to is not None and epoch < self.fast_forward_to:
+            self.set_epoch(epoch + 1)   # an epoch the resumed state has done: nothing to yield
+            self.iterations += 1
+            self.position = {"epoch": epoch + 1, "batches": 0, "in_epoch": False}
+            return
+        resume, self._resume = self._resume, None
+        if resume is not None and resume["epoch"] != epoch:
+            resume = None
+        if resume is not None and resume["rng_epoch"] is not None:
+            set_rng_state(resume["rng_epoch"])
+        self.rng_epoch = rng_state() if self.training else None
+        skip = resume["batches"] if resume is not None else 0
+        in_sampler = bool(skip) and isinstance(self.sampler, RankSampler) and self.num_workers == 0
+        if in_sampler:
+            self.sampler.skip = skip * self.batch_size
+        batches = super().__iter__()
+        if skip and not in_sampler:
+            for _ in range(skip):
+                next(batches, None)
+        if resume is not None and resume["rng"] is not None:
+            set_rng_state(resume["rng"])
+        self.position = {"epoch": epoch, "batches": skip, "in_epoch": True}
+        for batch in batches:
+            self.position["batches"] += 1
             yield move_to_device(batch, self.device, self.non_blocking)
-        epoch = self.sampler.epoch if isinstance(self.sampler, RankSampler) else self.iterations
+            if self.after_batch is not None:
+                self.after_batch(self)
+        self.position = {"epoch": epoch + 1, "batches": 0, "in_epoch": False}
+        self.rng_epoch = None
         self.iterations += 1
         if self.training and self.strategy is not None:
             self.strategy.end_epoch(epoch)

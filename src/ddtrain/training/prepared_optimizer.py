@@ -22,12 +22,19 @@ class StepCounter:
     def __init__(self, strategy, optimizers: int):
         self.strategy, self.counts = strategy, [0] * optimizers
         self.steps = 0            # completed steps of the model (every optimizer stepped)
+        self.after = []           # called with no argument after each completed step (ddtrain.training.state's boundary)
 
     def stepped(self, index: int) -> None:
         self.counts[index] += 1
         if min(self.counts) > self.steps:
             self.strategy.after_step(self.steps)
             self.steps += 1
+            for hook in self.after:
+                hook()
+
+    def restore(self, steps: int) -> None:
+        """Continue the count from ``steps`` (a loaded state): every optimizer has stepped that often."""
+        self.steps, self.counts = steps, [steps] * len(self.counts)
 
 
 def _prepared_step(self, closure=None):

@@ -7,8 +7,15 @@ A method is named by a spec string, the ``--compression`` word: ``none``, ``fp16
 gradient buffer ``flat`` (the parameters' gradients of ``shapes``, back to back) over the group
 the way the method prescribes, in place, sending the compressed tensors through a ``ddtrain.comm``
 all-reduce (or all-gather), so every algorithm and the traffic counters see what really travels.
-``key`` names the buffer (a DDP bucket index) for the state kept between steps (error feedback,
-PowerSGD's Q); ``last`` says the step's last buffer (PowerSGD counts its warm-up steps by it).
+``key`` names the buffer (a DDP bucket index) and ``keys`` its tensors (DDP's hook passes each
+parameter's position in the model) for the state kept between steps (error feedback, PowerSGD's
+Q); ``last`` says the step's last buffer (PowerSGD counts its warm-up steps by it).
+
+A compressor's ``state_dict()`` / ``load_state_dict(state, shapes)`` save and restore that state
+for checkpoints, per tensor (``memory``: independent of how DDP cut the model into buckets), so a
+resumed run at the same size equals its uninterrupted twin bit for bit. The contract that lets a
+checkpoint change size: what differs per rank is under ``"error"`` (tensor key -> tensor), the
+rest of the state is the same on every rank; ``merge_states`` makes one state of several ranks'.
 
 Every record carries ``wire_bytes(shapes, world, argument, element_size=4)``: the published
 formula of the bytes one rank sends per step (after any warm-up), the mean over the ranks
@@ -19,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from collections.abc import Callable
 
-from ddtrain.comm.compression import cast, powersgd, topk
+from ddtrain.comm.compression import cast, memory, powersgd, topk
 from ddtrain.comm.compression.volume import allgather_bytes, allreduce_bytes, numel
 
 SPECS = "none, fp16, bf16, powersgd:RANK[:WARMUP_STEPS] or topk:FRACTION"
@@ -98,6 +105,23 @@ def build(spec: str):
     return None if record.build is None else record.build(argument)
 
 
+def merge_states(states: list[dict]) -> dict:
+    """One compressor state for a rank of another world size, from the old ranks' states.
+
+    Per-rank error feedback cannot be split anew exactly (each rank's holds what its own
+    compressor left out), so every new rank starts from the old ranks' mean error: the next
+    averaged gradient then carries the same residual (the mean of the errors) before
+    compression, while what the compressor picks of it differs. What is the same on every rank
+    (PowerSGD's Q, its step count and seed generator) is kept as it was.
+    """
+    if not states:
+        return {}
+    merged = dict(states[0])
+    if "error" in merged:
+        merged["error"] = memory.mean_pieces([s.get("error", {}) for s in states])
+    return merged
+
+
 def wire_bytes(spec: str, shapes, world: int, element_size: int = 4) -> float:
     """Bytes one rank sends per step (mean over ranks, after any warm-up) for gradients of ``shapes``."""
     record, argument = parse_spec(spec)
@@ -111,4 +135,4 @@ def collective_operations(spec: str, algorithm: str) -> tuple[str, ...]:
 
 
 __all__ = ["COMPRESSIONS", "Compression", "SPECS", "allgather_bytes", "allreduce_bytes", "build", "check_spec",
-           "collective_operations", "parse_spec", "register_compression", "wire_bytes"]
+           "collective_operations", "merge_states", "parse_spec", "register_compression", "wire_bytes"]

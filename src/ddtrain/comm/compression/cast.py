@@ -32,8 +32,15 @@ class Cast:
     def __init__(self, name: str):
         self.name, self.dtype = name, DTYPES[name]
 
-    def all_reduce_(self, flat: torch.Tensor, shapes=None, *, algorithm: str = "native", group=None, key=0,
+    def all_reduce_(self, flat: torch.Tensor, shapes=None, *, algorithm: str = "native", group=None, key=0, keys=None,
                     last: bool = True, timeout_s: float | None = None) -> torch.Tensor:
         compressed = flat.to(self.dtype).div_(group_size(group))
         comm.all_reduce(compressed, algorithm, op="sum", group=group, timeout_s=timeout_s)
         return flat.copy_(compressed)
+
+    def state_dict(self) -> dict:
+        """Nothing is kept between steps."""
+        return {}
+
+    def load_state_dict(self, state: dict, shapes: dict | None = None) -> None:
+        """Nothing to take back."""

@@ -31,6 +31,7 @@ import torch
 
 from ddtrain import comm
 from ddtrain.comm.compression.cast import group_size
+from ddtrain.comm.compression.memory import BucketMemory, check_pieces, tensor_keys
 from ddtrain.comm.compression.volume import allreduce_bytes, numel
 
 DEFAULT_WARMUP_STEPS = 10
@@ -94,7 +95,10 @@ def orthogonalize_(matrices: torch.Tensor) -> None:
 
 
 class PowerSGD:
-    """PowerSGD state of one model: per buffer, the error and the P and Q memories; the step count."""
+    """PowerSGD state of one model: per tensor the error and Q (``memory``); the step count and the seed generator.
+
+    The error differs per rank; Q (averaged), the step count and the seed generator are the same on every rank.
+    """
 
     def __init__(self, rank: int, warmup_steps: int = DEFAULT_WARMUP_STEPS, *, seed: int = 0,
                  error_feedback: bool = True, warm_start: bool = True):
@@ -102,13 +106,17 @@ class PowerSGD:
         self.error_feedback, self.warm_start = error_feedback, warm_start
         self.rng = np.random.RandomState(seed)     # torch's PowerSGDState draws its seeds the same way
         self.steps = 0                             # steps finished (counted at each step's last buffer)
-        self.error: dict = {}
-        self.p_memory: dict = {}
-        self.q_memory: dict = {}
+        self.error = BucketMemory()
+        self.q_memory = BucketMemory()
+        self.p_memory: dict = {}                   # per bucket, overwritten before each use: scratch, not state
+        self._compressing_restored = False         # restored past the warm-up: every bucket was seen before
 
-    def all_reduce_(self, flat: torch.Tensor, shapes, *, algorithm: str = "native", group=None, key=0,
+    def all_reduce_(self, flat: torch.Tensor, shapes, *, algorithm: str = "native", group=None, key=0, keys=None,
                     last: bool = True, timeout_s: float | None = None) -> torch.Tensor:
-        """Average ``flat`` (the gradients of ``shapes`` back to back) over ``group``, PowerSGD-compressed."""
+        """Average ``flat`` (the gradients of ``shapes`` back to back) over ``group``, PowerSGD-compressed.
+
+        ``keys`` name the tensors of ``shapes`` for the state kept between steps (``memory``).
+        """
         world = group_size(group)
 
         def reduce(tensor):
@@ -120,39 +128,45 @@ class PowerSGD:
             reduce(flat.div_(world))            # torch's vanilla warm-up: divide first, then sum
             self.steps += last
             return flat
+        names = tensor_keys(key, len(shapes), keys)
         if self.error_feedback:
-            error = self.error.get(key)
-            if error is None or error.shape != flat.shape:
-                error = self.error[key] = torch.zeros_like(flat)
+            error = self.error.get(key, tuple(zip(names, (numel(s) for s in shapes))), flat, zeros=True)
             flat.add_(error)
             before = flat.detach().clone()
 
-        matrices, plain = [], []
+        matrices, plain, q_layout = [], [], []
         offset = 0
-        for shape in shapes:
+        for name, shape in zip(names, shapes):
             size = numel(shape)
             view = flat[offset:offset + size]
             offset += size
             compressed, n, m, r = matrix_plan(tuple(shape), self.rank)
             if compressed:
                 matrices.append((view.view(1, n, m), r))
+                q_layout.append((name, m * r))
             else:
                 plain.append(view)
         if offset != flat.numel():
             raise ValueError(f"powersgd: the shapes cover {offset} elements, the buffer has {flat.numel()}")
 
         p_size = sum(mat.shape[1] * r for mat, r in matrices)
-        q_size = sum(mat.shape[2] * r for mat, r in matrices)
-        fresh = (not self.warm_start or key not in self.p_memory or self.p_memory[key].numel() != p_size
-                 or self.q_memory[key].numel() != q_size)
+        q_layout = tuple(q_layout)
+        q_memory = self.q_memory.get(key, q_layout, flat) if self.warm_start else None
+        if q_memory is None and not q_layout and self._compressing_restored:
+            q_memory = flat.new_empty(0)        # a bucket without matrices, seen before the restart: not fresh
+            self.q_memory.set(key, q_layout, q_memory)
+        fresh = q_memory is None
         if fresh:
-            self.p_memory[key] = torch.empty(p_size, device=flat.device, dtype=flat.dtype)
-            self.q_memory[key] = torch.empty(q_size, device=flat.device, dtype=flat.dtype)
+            q_memory = flat.new_empty(sum(n for _, n in q_layout))
+            self.q_memory.set(key, q_layout, q_memory)
+        p_memory = self.p_memory.get(key)
+        if p_memory is None or p_memory.numel() != p_size or p_memory.device != flat.device:
+            p_memory = self.p_memory[key] = flat.new_empty(p_size)
         ps, qs, p_at, q_at = [], [], 0, 0
         for mat, r in matrices:
             _, n, m = mat.shape
-            ps.append(self.p_memory[key][p_at:p_at + n * r].view(1, n, r))
-            qs.append(self.q_memory[key][q_at:q_at + m * r].view(1, m, r))
+            ps.append(p_memory[p_at:p_at + n * r].view(1, n, r))
+            qs.append(q_memory[q_at:q_at + m * r].view(1, m, r))
             p_at, q_at = p_at + n * r, q_at + m * r
         if not fresh:
             for q in qs:                        # warm start: last step's Q, orthogonalised again
@@ -173,18 +187,42 @@ class PowerSGD:
             for view in plain:
                 view.copy_(together[at:at + view.numel()])
                 at += view.numel()
-        reduce(self.p_memory[key])              # P is orthogonalised next, so its scale does not matter: no /R
+        reduce(p_memory)                        # P is orthogonalised next, so its scale does not matter: no /R
         for p in ps:
             orthogonalize_(p)
         for (mat, _), p, q in zip(matrices, ps, qs):
             torch.bmm(mat.transpose(1, 2), p, out=q)
-        reduce(self.q_memory[key]).div_(world)
+        reduce(q_memory).div_(world)
         for (mat, _), p, q in zip(matrices, ps, qs):
             torch.bmm(p, q.transpose(1, 2), out=mat)
         if self.error_feedback:
-            self.error[key] = before - flat
+            error.copy_(before - flat)
         if not self.warm_start:
             self.p_memory.clear()
             self.q_memory.clear()
         self.steps += last
         return flat
+
+    def state_dict(self) -> dict:
+        """Per tensor this rank's ``error`` (what differs per rank) and Q; the step count; the seed generator's state."""
+        kind, keys, pos, has_gauss, cached = self.rng.get_state()
+        return {"steps": self.steps, "rng": (kind, torch.from_numpy(keys.astype("int64")), int(pos), int(has_gauss),
+                                             float(cached)),
+                "error": self.error.state_dict(), "q": self.q_memory.state_dict()}
+
+    def load_state_dict(self, state: dict, shapes: dict | None = None) -> None:
+        """Take back ``state_dict()``; ``shapes`` (tensor key -> shape), when given, must fit every piece."""
+        error, q = dict(state.get("error", {})), dict(state.get("q", {}))
+        check_pieces(error, shapes, lambda shape: numel(shape), "error feedback")
+        check_pieces(q, shapes, self._q_elements, f"Q (rank {self.rank})")
+        kind, keys, pos, has_gauss, cached = state["rng"]
+        self.rng.set_state((kind, keys.numpy().astype("uint32"), pos, has_gauss, cached))
+        self.steps = int(state["steps"])
+        self.error.load_state_dict(error)
+        self.q_memory.load_state_dict(q)
+        self.p_memory.clear()
+        self._compressing_restored = self.steps > self.warmup_steps
+
+    def _q_elements(self, shape) -> int | None:
+        compressed, _, m, r = matrix_plan(tuple(shape), self.rank)
+        return m * r if compressed else None

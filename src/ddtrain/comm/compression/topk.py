@@ -22,6 +22,7 @@ import torch
 
 from ddtrain.comm import primitives
 from ddtrain.comm.compression.cast import group_size
+from ddtrain.comm.compression.memory import BucketMemory, check_pieces, tensor_keys
 from ddtrain.comm.compression.volume import allgather_bytes, numel
 
 INDEX_BYTES = 4     # int32 indices: a buffer holds fewer than 2**31 elements
@@ -51,23 +52,24 @@ def wire_bytes(shapes, world: int, argument: float = 0.01, element_size: int = 4
 
 
 class TopK:
-    """Top-k state of one model: the error (what was not sent) of each buffer."""
+    """Top-k state of one model: the error (what was not sent) of every gradient tensor, per rank."""
 
     def __init__(self, fraction: float):
         self.fraction = fraction
-        self.error: dict = {}
+        self.error = BucketMemory()
 
-    def all_reduce_(self, flat: torch.Tensor, shapes, *, algorithm: str = "native", group=None, key=0,
+    def all_reduce_(self, flat: torch.Tensor, shapes, *, algorithm: str = "native", group=None, key=0, keys=None,
                     last: bool = True, timeout_s: float | None = None) -> torch.Tensor:
-        """Average the sparsified ``flat`` (gradients of ``shapes`` back to back) over ``group``, in place."""
+        """Average the sparsified ``flat`` (gradients of ``shapes`` back to back) over ``group``, in place.
+
+        ``keys`` name the tensors of ``shapes`` for the error kept between steps (``memory``).
+        """
         world = group_size(group)
-        error = self.error.get(key)
-        if error is None or error.shape != flat.shape:
-            error = self.error[key] = torch.zeros_like(flat)
+        sizes = [numel(s) for s in shapes]
+        error = self.error.get(key, tuple(zip(tensor_keys(key, len(shapes), keys), sizes)), flat, zeros=True)
         flat.add_(error)
         picked, offset = [], 0
-        for shape in shapes:
-            size = numel(shape)
+        for size in sizes:
             k = kept(size, self.fraction)
             if k:
                 top = torch.topk(flat[offset:offset + size].abs(), k, sorted=False).indices
@@ -84,3 +86,13 @@ class TopK:
         flat.zero_()
         flat.index_add_(0, all_indices.reshape(-1).long(), all_values.reshape(-1))
         return flat.div_(world)
+
+    def state_dict(self) -> dict:
+        """This rank's error, per tensor (``error``: what differs per rank; ``merge_states`` averages it)."""
+        return {"error": self.error.state_dict()}
+
+    def load_state_dict(self, state: dict, shapes: dict | None = None) -> None:
+        """Take back ``state_dict()``; ``shapes`` (tensor key -> shape), when given, must fit every piece."""
+        error = dict(state.get("error", {}))
+        check_pieces(error, shapes, lambda shape: numel(shape), "error feedback")
+        self.error.load_state_dict(error)

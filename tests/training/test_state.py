@@ -57,6 +57,9 @@ def train(directory=None, *, stop_after=None, load=False, epochs=3, hidden=8, dr
     from ddtrain.training.state import Preempted
     ddtrain.init()
     torch.manual_seed(0)
+    # a check at every step: this run's steps take milliseconds, and the default spacing (about 0.2 s of
+    # training, up to 1,000 steps) could let it end before any check
+    os.environ["DDTRAIN_PREEMPT_CHECK_S"] = "0"
     np.random.seed(ddtrain.rank())
     random.seed(ddtrain.rank())
     model = torch.nn.Sequential(torch.nn.Linear(6, hidden), torch.nn.ReLU(), torch.nn.Dropout(dropout),

@@ -44,6 +44,9 @@ ALWAYS = ("SIGTERM", "SIGINT")           # what schedulers (and Ctrl-C) send to 
 EXTRA_SIGNALS_ENV = "DDTRAIN_PREEMPT_SIGNAL"   # what --preempt-signal adds, for the workers of `ddtrain run`
 _SIGNALLED = 1 << 32                      # added to a check's counter by a signalled rank (> any rank count)
 CHECK_EVERY_S = 0.2                       # seconds of training between two checks of the ranks
+# the default check_every_s when set: 0 checks at every step boundary (tests whose steps take a
+# millisecond would otherwise finish before a check, the spacing being up to MOST_BOUNDARIES steps)
+CHECK_EVERY_ENV = "DDTRAIN_PREEMPT_CHECK_S"
 MOST_BOUNDARIES = 1000                    # boundaries between two checks at most, however short the steps
 _UNCATCHABLE = ("SIGKILL", "SIGSTOP")
 _serial: dict[str, int] = {}              # per name: Preemption objects made in this process (the same on every rank)
@@ -86,7 +89,7 @@ class Preemption:
     """
 
     def __init__(self, signals=None, *, participants: int | None = None, timeout_s: float | None = None,
-                 check_every_s: float = CHECK_EVERY_S, name: str = "train"):
+                 check_every_s: float | None = None, name: str = "train"):
         import torch.distributed as dist
         extra = parse_signals(os.environ.get(EXTRA_SIGNALS_ENV, ""), EXTRA_SIGNALS_ENV) if signals is None \
             else parse_signals(",".join(signals) if not isinstance(signals, str) else signals)
@@ -108,6 +111,14 @@ class Preemption:
         self.first: tuple[int, float] | None = None   # (signal number, time.time()) of the first
         self.stopped = False             # agreed: every participant stops
         self.boundaries = self.checks = 0   # calls of should_stop, and those that asked the others
+        if check_every_s is None:
+            raw = os.environ.get(CHECK_EVERY_ENV, "")
+            try:
+                check_every_s = float(raw) if raw else CHECK_EVERY_S
+            except ValueError:
+                raise DDTrainError(f"environment variable {CHECK_EVERY_ENV}={raw!r} is not a number of seconds") from None
+        if not check_every_s >= 0:
+            raise DDTrainError(f"preemption: check_every_s must be >= 0 seconds, got {check_every_s!r}")
         self.check_every_s = float(check_every_s)
         self.leader = (dist.get_rank() if grouped else 0) == 0   # rank 0 times the boundaries for all
         self._next_check, self._clock = 1, None

@@ -8,7 +8,12 @@
 - the optimizer (or a list of them): an instance of a subclass of the user's optimizer class
   whose ``step()`` also runs the strategy (``prepared_optimizer``), so schedulers accept it;
 - the loaders: DataLoaders over this rank's share, batches on the device (``prepared_loader``);
-  the first is the training loader, the others evaluation loaders (nothing dropped).
+  the first is the training loader, the others evaluation loaders; the samples left over when
+  R does not divide the data set are padded as DistributedSampler pads them (``remainder``).
+
+A learning-rate schedule sized from ``len(train_loader)`` before ``prepare`` counts the whole
+data set's batches, R times the prepared loader's: ``prepare`` refuses it (``schedules``), and
+the fix is to create it after ``prepare``.
 
 ``prepare`` may be called once per model (a GAN's generator and discriminator). Parameter-server
 ranks serve inside ``prepare`` and then leave the process (their strategy's documented exit).
@@ -16,14 +21,17 @@ ranks serve inside ``prepare`` and then leave the process (their strategy's docu
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 
 import torch
 from torch.utils.data import DataLoader
 
+from ddtrain.data.sharding import check_remainder, share_size
 from ddtrain.distributed import runtime
 from ddtrain.errors import DDTrainError
+from ddtrain.training import schedules
 from ddtrain.sync import SyncOptions, strategy_spec, wrap
 from ddtrain.sync.spec import STRATEGY_SPECIFIC
 from ddtrain.training.metrics import Placement
@@ -113,28 +121,47 @@ def _check_optimizers(model: torch.nn.Module, optimizers: list) -> None:
                                f"(model.parameters()), after any layer replacement")
 
 
-def prepare_loader(loader: DataLoader, *, training: bool = False, seed: int = 0) -> PreparedLoader:
+def prepare_loader(loader: DataLoader, *, training: bool = False, seed: int = 0, remainder: str = "pad") -> PreparedLoader:
     """A loader prepared on its own (an evaluation loader by default), sharded among the training ranks."""
     runtime.init()
     prepared_before = Placement.workers is not None
     return PreparedLoader(loader, rank=Placement.worker_rank if prepared_before else runtime.rank(),
                           world_size=Placement.workers if prepared_before else runtime.world_size(),
-                          device=runtime.device(), seed=seed, training=training)
+                          device=runtime.device(), seed=seed, training=training, remainder=remainder)
+
+
+def prepared_batches(loader: DataLoader, workers: int, remainder: str) -> int | None:
+    """``len()`` the training loader will have once prepared among ``workers`` ranks (None: no length)."""
+    try:
+        samples = share_size(len(loader.sampler), 0, workers, remainder)
+    except TypeError:
+        return None
+    if loader.batch_size is None:
+        return None
+    return samples // loader.batch_size if loader.drop_last else math.ceil(samples / loader.batch_size)
 
 
 def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strategy: str | None = None, seed: int = 0,
-            **options):
+            remainder: str = "pad", eval_remainder: str | None = None, **options):
     """``(model, optimizer, *loaders)`` set up for ``strategy`` on this rank (see the module doc).
 
     ``optimizer``: one optimizer, a list of them (returned as a list), or None. ``seed``: the
-    seed every rank shares for the loaders' shuffles. ``options``: SyncOptions fields
-    (``find_unused_parameters=True``, ``sync_every=4``, ``servers=2``...) and ``broadcast_buffers``.
+    seed every rank shares for the loaders' shuffles. ``remainder``: what happens to the samples
+    left over when the number of ranks R does not divide a loader's: "pad" (DistributedSampler's
+    default: the first ones are repeated), "drop" (``DistributedSampler(drop_last=True)``);
+    ``eval_remainder`` the same for the evaluation loaders (default: ``remainder``), where
+    "uneven" also gives every sample exactly once (shards differing by one sample).
+    ``options``: SyncOptions fields (``find_unused_parameters=True``, ``sync_every=4``,
+    ``servers=2``...) and ``broadcast_buffers``.
     Without loaders the third value is None (``model, optimizer, _ = prepare(model, optimizer)``).
     """
     runtime.init()
     strategy = strategy or os.environ.get(STRATEGY_ENV) or "ddp"   # `ddtrain run --strategy S` sets the variable
     _confirm_roles(strategy)
     settings = sync_options(strategy, options)
+    eval_remainder = eval_remainder or remainder
+    check_remainder(remainder, training=True)
+    check_remainder(eval_remainder, training=False)
     optimizers = [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
     if isinstance(model, PreparedModel):
         raise DDTrainError("prepare(): the model was already prepared; pass the bare model (ddtrain.unwrap(model))")
@@ -142,6 +169,11 @@ def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strate
     for loader in loaders:
         if loader is not None and not isinstance(loader, DataLoader):
             raise DDTrainError(f"prepare(): loaders must be torch.utils.data.DataLoader, got {type(loader).__name__}")
+    if loaders and loaders[0] is not None:
+        # before any rank serves: every rank, servers included, reaches the same verdict from the sizes alone
+        workers = runtime.total_ranks() - strategy_spec(strategy).extra_ranks(settings.servers) \
+            if runtime.total_ranks() > 1 else 1
+        schedules.check_sizes(optimizers, loaders[0], prepared_batches(loaders[0], workers, remainder), workers)
     device = runtime.device()
     model.to(device)                  # in place: the optimizers' parameters stay the model's
     synced = wrap(strategy, model, optimizers[0] if len(optimizers) == 1 else optimizers or None, settings)
@@ -156,6 +188,7 @@ def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strate
     prepared_optimizer = (prepared if isinstance(optimizer, (list, tuple)) else prepared[0]) if prepared else None
     prepared_loaders = [None if loader is None else
                         PreparedLoader(loader, rank=synced.worker_rank, world_size=synced.workers, device=device,
-                                       seed=seed, training=index == 0, strategy=synced)
+                                       seed=seed, training=index == 0, strategy=synced,
+                                       remainder=remainder if index == 0 else eval_remainder)
                         for index, loader in enumerate(loaders)] or [None]
     return (PreparedModel(model, synced), prepared_optimizer, *prepared_loaders)

@@ -213,9 +213,6 @@ class Strategy:
     def last_batch(self) -> None:
         """``prepare``'s training loader gave the last batch of a pass: the next step ends it (local-sgd averages)."""
 
-    def model_loaded(self) -> None:
-        """The model's parameters were loaded through ``prepare``'s model (a checkpoint): local-sgd re-anchors."""
-
     def serve(self) -> None:
         """A server's whole run (parameter servers); workers never call it."""
 

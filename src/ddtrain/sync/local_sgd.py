@@ -27,6 +27,7 @@ import math
 import statistics
 import time
 import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -70,6 +71,16 @@ def choose_interval(interval: int, divergence: float, averaging_s: float, step_s
     by_comm = math.ceil(averaging_s / (comm_fraction * step_s)) if step_s > 0 else max_interval
     by_divergence = math.floor(interval * max_divergence / divergence) if divergence > 0 else max_interval
     return max(min_interval, min(max_interval, by_comm, by_divergence, 2 * interval))
+
+
+ANCHORED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> its DiLoCo strategy (a weak reference)
+
+
+def reanchor_after_load(module, _incompatible_keys) -> None:
+    """``load_state_dict`` post-hook of a DiLoCo model: re-anchor its strategy (none for a copy of the model)."""
+    strategy = ANCHORED.get(module)
+    if strategy is not None and strategy() is not None:
+        strategy().reanchor()
 
 
 class WarmupHook(HookState):
@@ -126,6 +137,10 @@ class LocalSGDStrategy(PeriodicStrategy):
             self.anchor = [p.detach().clone() for p in model.parameters()]   # the global parameters of DiLoCo
             self.outer = torch.optim.SGD(self.anchor, lr=self.outer_lr, momentum=self.outer_momentum,
                                          nesterov=self.outer_momentum > 0)
+            # parameters loaded from outside (a checkpoint's) are where the next interval starts; a
+            # module-level hook, so that the model still deep-copies and pickles (as a plain module)
+            ANCHORED[model] = weakref.ref(self)
+            model.register_load_state_dict_post_hook(reanchor_after_load)
         self.pass_ending = False               # prepare's training loader gave its last batch of a pass
 
     @torch.no_grad()
@@ -134,10 +149,6 @@ class LocalSGDStrategy(PeriodicStrategy):
         if self.anchor is not None:
             for a, p in zip(self.anchor, self.module.parameters()):
                 a.copy_(p)
-
-    def model_loaded(self) -> None:
-        # parameters loaded from outside (a checkpoint's, through prepare's model) are where the next interval starts
-        self.reanchor()
 
     def unsynced(self) -> bool:
         """Were local steps taken since the last averaging (the warm-up's steps are synchronous)?"""
@@ -241,19 +252,16 @@ class LocalSGDStrategy(PeriodicStrategy):
 
     @torch.no_grad()
     def load_state_dict(self, state: dict) -> None:
-        if not state:                     # a checkpoint without local-sgd's state: start from the loaded model
-            self.reanchor()
+        if not state:
             return
         super().load_state_dict(state)
         self.interval = state["interval"]
         if self.warmup_steps and self.steps >= self.warmup_steps:
             self.hook.local = True          # the warm-up was over when the checkpoint was written
         if self.outer is not None and "anchor" in state:
-            for a, saved in zip(self.anchor, state["anchor"]):
+            for a, saved in zip(self.anchor, state["anchor"]):   # after the model's load re-anchored it
                 a.copy_(saved)
             self.outer.load_state_dict(state["outer"])
-        else:
-            self.reanchor()
 
     def close(self) -> None:
         if self.unsynced():

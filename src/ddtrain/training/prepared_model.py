@@ -70,9 +70,7 @@ class PreparedModel(nn.Module):
         if state_dict and all(key.startswith("module.") for key in state_dict):
             state_dict = dict(state_dict)
             consume_prefix_in_state_dict_if_present(state_dict, "module.")   # saved from plain DDP
-        result = self.module.load_state_dict(state_dict, strict=strict, assign=assign)
-        self.strategy.model_loaded()
-        return result
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
     def __getattr__(self, name: str):
         try:

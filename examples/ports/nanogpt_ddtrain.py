@@ -56,8 +56,10 @@ def main(argv=None):
     if args.grad_clip != 0.0:
         # the clip as a step pre-hook: it runs where the step runs, on the averaged gradient (with parameter
         # servers, on the servers; registered before prepare, which the servers never leave)
-        def clip(optimizer, args_, kwargs_, parameters=list(model.parameters())):
-            torch.nn.utils.clip_grad_norm_(parameters, args.grad_clip)
+        raw_parameters = list(model.parameters())
+
+        def clip(optimizer, args_, kwargs_):
+            torch.nn.utils.clip_grad_norm_(raw_parameters, args.grad_clip)
 
         optimizer.register_step_pre_hook(clip)
     if args.compile:

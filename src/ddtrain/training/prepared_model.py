@@ -50,12 +50,16 @@ class PreparedModel(nn.Module):
     def require_backward_grad_sync(self, value: bool) -> None:
         self.strategy.require_backward_grad_sync = value
 
+    def __copy__(self):
+        return copy.copy(self.module)
+
     def __deepcopy__(self, memo):
         return copy.deepcopy(self.module, memo)
 
     def __reduce_ex__(self, protocol):
-        # pickled (torch.save(model), copy.copy) as the bare module: hooks, process groups and threads stay here
-        return self.module.__reduce_ex__(protocol)
+        # pickled (torch.save(model)) as the bare module, which unpickles as itself: (module,)[0], builtins only,
+        # so the file loads without ddtrain; hooks, process groups and threads stay here
+        return tuple.__getitem__, ((self.module,), 0)
 
     def train(self, mode: bool = True):
         super().train(mode)

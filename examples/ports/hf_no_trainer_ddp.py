@@ -23,7 +23,7 @@ from common import TinyClassifier, linear_schedule_with_warmup, token_classifica
 
 
 def evaluate(model, eval_dataloader):
-    """Accuracy over the evaluation set: predictions gathered from every rank, the sampler's repeats cut off."""
+    """Accuracy over the evaluation set: predictions gathered from every rank, the sampler's repeats left out."""
     model.eval()
     correct = seen = 0
     world = dist.get_world_size()

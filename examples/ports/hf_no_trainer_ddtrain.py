@@ -75,7 +75,7 @@ def main(argv=None):
     completed_steps, history = 0, []
     for epoch in range(args.num_train_epochs):
         model.train()
-        train_dataloader.set_epoch(epoch)
+        train_dataloader.sampler.set_epoch(epoch)
         for step, batch in enumerate(train_dataloader):
             sync = (step + 1) % args.gradient_accumulation_steps == 0 or step == len(train_dataloader) - 1
             with nullcontext() if sync else model.no_sync():

@@ -87,8 +87,10 @@ def validate(model, loader, loss_fn, world_size):
             output = model(input)
             loss = loss_fn(output, target)
             top1 = output.argmax(1).eq(target).float().mean() * 100
-            loss_sum += reduce_tensor(loss.data, world_size).item() * input.size(0)
-            top1_sum += reduce_tensor(top1, world_size).item() * input.size(0)
+            if world_size > 1:
+                loss, top1 = reduce_tensor(loss.data, world_size), reduce_tensor(top1, world_size)
+            loss_sum += loss.item() * input.size(0)
+            top1_sum += top1.item() * input.size(0)
             count += input.size(0)
     return {"loss": loss_sum / count, "top1": top1_sum / count}
 
@@ -121,7 +123,8 @@ def main(argv=None):
     for epoch in range(args.epochs):
         loader_train.sampler.set_epoch(epoch)
         train_loss = train_one_epoch(model, loader_train, optimizer, loss_fn, lr_scheduler, model_ema, args.amp)
-        distribute_bn(model, world_size, reduce=True)
+        if world_size > 1:
+            distribute_bn(model, world_size, reduce=True)
         eval_metrics = validate(model, loader_eval, loss_fn, world_size)
         ema_metrics = validate(model_ema.module, loader_eval, loss_fn, world_size)
         history.append({"train_loss": train_loss, **eval_metrics, **{f"ema_{k}": v for k, v in ema_metrics.items()},

@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from multirank import RankError, run_ranks
 
 TIMEOUT_S = 4.0       # the servers' deadline in these runs: a deadlock fails in seconds, not minutes
+SILENT_TIMEOUT_S = 2.0
 
 
 def evaluate_every(eval_every: int, staleness: int, seed: int) -> dict:
@@ -126,7 +127,7 @@ def silent_after_pause() -> dict:
     model = torch.nn.Linear(2, 2)
     try:
         model, optimizer, _ = ddtrain.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1), strategy="ps-async",
-                                              timeout_s=TIMEOUT_S)
+                                              timeout_s=SILENT_TIMEOUT_S)
     except SystemExit:
         return {"role": "server"}
     for _ in range(3):
@@ -137,7 +138,7 @@ def silent_after_pause() -> dict:
         model.eval()
         with torch.no_grad():
             model(torch.ones(1, 2))                 # PAUSE "for evaluation"
-        time.sleep(TIMEOUT_S + 3)
+        time.sleep(SILENT_TIMEOUT_S + 2)
     ddtrain.shutdown()
     return {"role": "worker"}
 

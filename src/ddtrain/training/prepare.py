@@ -72,6 +72,8 @@ def init(*, strategy: str | None = None, servers: int = 1, **kwargs):
 def _confirm_roles(strategy: str) -> None:
     """Roles ``init`` set for a parameter-server strategy stand only if ``prepare`` trains with one."""
     global _announced
+    if _announced is not None and runtime.world_size() == runtime.total_ranks():
+        _announced = None          # a shutdown since cleared the roles it set (a script run twice in one process)
     if _announced is None or strategy_spec(strategy).uses_servers:
         return
     named, by = _announced

@@ -90,15 +90,19 @@ class GPTConfig:
     n_layer: int = 2
     n_head: int = 2
     n_embd: int = 32
+    # nanoGPT's switch, off here: the attention's key bias has a gradient that is exactly zero in arithmetic
+    # (softmax ignores a shift common to all keys), so AdamW turns its rounding noise into steps of size lr,
+    # which differ from one summation order to another (half the parameter apart at 3 ranks, ring against Gloo)
+    bias: bool = False
 
 
 class Block(nn.Module):
     def __init__(self, config: GPTConfig):
         super().__init__()
-        self.ln_1, self.ln_2 = nn.LayerNorm(config.n_embd), nn.LayerNorm(config.n_embd)
-        self.attn, self.proj = nn.Linear(config.n_embd, 3 * config.n_embd), nn.Linear(config.n_embd, config.n_embd)
-        self.mlp = nn.Sequential(nn.Linear(config.n_embd, 4 * config.n_embd), nn.GELU(),
-                                 nn.Linear(4 * config.n_embd, config.n_embd))
+        width, bias = config.n_embd, config.bias
+        self.ln_1, self.ln_2 = nn.LayerNorm(width, bias=bias), nn.LayerNorm(width, bias=bias)
+        self.attn, self.proj = nn.Linear(width, 3 * width, bias=bias), nn.Linear(width, width, bias=bias)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width, bias=bias), nn.GELU(), nn.Linear(4 * width, width, bias=bias))
         self.n_head = config.n_head
 
     def forward(self, x):
@@ -118,7 +122,7 @@ class TinyGPT(nn.Module):
         self.config = config
         self.wte, self.wpe = nn.Embedding(config.vocab_size, config.n_embd), nn.Embedding(config.block_size, config.n_embd)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
-        self.ln_f = nn.LayerNorm(config.n_embd)
+        self.ln_f = nn.LayerNorm(config.n_embd, bias=config.bias)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.weight = self.wte.weight
         for module in self.modules():

@@ -94,7 +94,8 @@ def main(argv=None):
         history.append({"epoch": epoch, "accuracy": accuracy, "lr": lr_scheduler.get_last_lr()[0]})
         if ddtrain.rank() == 0:
             print(f"epoch {epoch}: accuracy {accuracy:.4f}")
-    dist.barrier(group=ddtrain.worker_group())
+    if ddtrain.is_distributed():
+        dist.barrier(group=ddtrain.worker_group())
     if ddtrain.rank() == 0 and args.output_dir:
         torch.save(model.module.state_dict(), os.path.join(args.output_dir, "pytorch_model.bin"))
     return {"history": history, "state": model.module.state_dict()}

@@ -14,7 +14,8 @@ Each script's ``main`` returns what it reported (losses, accuracies, learning ra
 model's state (and the EMA's). The reference is the twin at the same number of ranks that
 train; ps-sync runs them as workers beside one server. At 2 ranks the states are bitwise the
 twin's; at 3 within 1e-5 relative (ddtrain's ring, tree... sum in another order than Gloo's
-all-reduce; ps-sync's server sums in worker order). Reported numbers agree to 1e-6 (the ImageNet
+all-reduce; ps-sync's server sums in worker order), the nanoGPT style in float32 there
+(``arguments``: bf16 turns those last bits into 1e-3). Reported numbers agree to 1e-6 (the ImageNet
 port's validation meets the last samples in other batches than the twin's auxiliary loader).
 
 Not compared here: ps-async and local-sgd change the optimisation itself, so no plain-DDP script
@@ -60,15 +61,23 @@ def run_style(style: str, kind: str, argv: list) -> dict:
 _twins: dict = {}
 
 
+def arguments(style: str, ranks: int) -> list:
+    # bf16 autocast turns a last-bit difference of the gradients' average (another summation order, at 3 ranks)
+    # into a flipped bf16 rounding of some weight in the next forward, 1e-3 apart after 8 nanoGPT steps; the
+    # twin and its port agree to 1e-5 only in float32 there. At 2 ranks the orders agree bitwise, bf16 included.
+    return ARGS[style] + (["--dtype", "float32"] if style == "nanogpt" and ranks > 2 else [])
+
+
 def twin(style: str, ranks: int) -> list:
     if (style, ranks) not in _twins:
-        _twins[style, ranks] = run_ranks(run_style, ranks, style, "ddp", ARGS[style], timeout_s=300)
+        _twins[style, ranks] = run_ranks(run_style, ranks, style, "ddp", arguments(style, ranks), timeout_s=300)
     return _twins[style, ranks]
 
 
 def port(style: str, strategy: str, ranks: int) -> list:
     processes = ranks + 1 if strategy.startswith("ps-") else ranks
-    results = run_ranks(run_style, processes, style, "ddtrain", ARGS[style] + ["--strategy", strategy], timeout_s=300)
+    results = run_ranks(run_style, processes, style, "ddtrain", arguments(style, ranks) + ["--strategy", strategy],
+                        timeout_s=300)
     assert all(r == {"role": "server"} for r in results[ranks:])
     return results[:ranks]
 

@@ -42,7 +42,7 @@ def main() -> None:
         for strategy in strategies:
             torch.manual_seed(seed)
             model = build_model("mlp", num_classes=10, in_channels=1, input_size=(28, 28))
-            config = TrainConfig(model="mlp", data=data.name, strategy=strategy, epochs=args.epochs,
+            config = TrainConfig.from_flat(model="mlp", data=data.name, strategy=strategy, epochs=args.epochs,
                                  batch_size=32, lr=0.05, momentum=0.9, seed=seed, quiet=True)
             table[strategy].append(fit(model, data, config)["final"]["val_accuracy"])
     if ddtrain.distributed.runtime.rank() == 0:

@@ -29,7 +29,7 @@ MAX_TOP_LEVEL_MODULES = 5
 # facade; "config", "errors", "__main__" are the top-level modules) may import only what its line
 # names. Anything else is a violation; a new package fails until it is given a line here.
 LIBRARIES = {"training", "bench", "report", "cluster", "config", "reliability", "observe", "sync", "comm",
-             "costmodel", "models", "data", "distributed", "errors", "version"}
+             "costmodel", "models", "data", "recipe", "distributed", "errors", "version"}
 ALLOWED: dict[str, tuple[set[str], str]] = {
     "__main__": ({"cli", "distributed"}, "python -m ddtrain runs the command table; a launched rank exits via dist.launch"),
     "ddtrain": ({"training", "config", "distributed", "errors"}, "the facade re-exports init, prepare, fit, TrainConfig"),
@@ -38,10 +38,14 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
                "renders what bench and observe wrote, with a strategy's cost formula beside it"),
     "bench": ({"training", "cluster", "config", "reliability", "observe", "sync", "comm", "costmodel", "models",
                "data", "distributed", "errors"}, "times the real loop and collectives; the emulated link rate scales busbw"),
-    "training": ({"config", "reliability", "observe", "sync", "comm", "costmodel", "models", "data", "distributed",
-                  "errors"}, "the loop composes the strategy, the reliability components, the monitors, the model and the data"),
+    "training": ({"config", "reliability", "observe", "sync", "comm", "costmodel", "models", "data", "recipe",
+                  "distributed", "errors"},
+                 "the loop composes the strategy, the reliability components, the monitors, the model, the data, the recipe"),
     "cluster": ({"distributed", "errors"}, "emulated nodes launch ranks like real ones; nothing here knows about training"),
-    "config": ({"reliability", "observe", "sync", "distributed", "errors"}, "TrainConfig gathers the sections these own"),
+    # data and recipe are leaves so that config can nest their sections: the recipe's settings and code
+    # are no part of training (which config lies below), only used by it
+    "config": ({"data", "recipe", "reliability", "observe", "sync", "distributed", "errors"},
+               "TrainConfig gathers the sections these own; data and recipe are leaves (they import only errors)"),
     "sync": ({"reliability", "observe", "comm", "costmodel", "distributed", "errors"},
              "strategies over the collectives; the parameter servers call fault-injection points"),
     "reliability": ({"observe", "comm", "distributed", "errors"},
@@ -52,6 +56,8 @@ ALLOWED: dict[str, tuple[set[str], str]] = {
                   "comm algorithm owns"),
     "models": ({"errors"}, "one module per family; nothing about distribution"),
     "data": ({"errors"}, "one module per format; sharding is arithmetic on indices, not on process groups"),
+    "recipe": ({"errors"}, "batch arithmetic, optimizer, lr schedule, clipping over torch; knows no distribution, "
+               "no loop"),
     "distributed": ({"errors"}, "launcher environment and runtime: the bottom of the stack above errors"),
     "errors": (set(), "the exception types; imports nothing of ddtrain"),
     "version": (set(), "the version string, named by records and checkpoints; imports nothing"),

@@ -148,6 +148,21 @@ def build_inputs(T: Path) -> None:
     s.bind(str(sock_folder / "cat" / "s.png"))
     s.close()
     (images_in(T / "empty_img") / "cat" / "blank.jpg").write_bytes(b"")
+    if Image is not None:   # issue 30: every kind of bad or unusual image in one folder, and a damaged packed set
+        bad = images_in(T / "bad_images", n=6)
+        (bad / "cat" / "corrupt.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really a JPEG" + bytes(range(256)) * 4)
+        Image.effect_noise((64, 64), 60).convert("RGB").save(bad / "cat" / "truncated.jpg", quality=90)
+        (bad / "cat" / "truncated.jpg").write_bytes((bad / "cat" / "truncated.jpg").read_bytes()[:700])
+        Image.new("RGB", (32, 24), (10, 200, 30)).convert("CMYK").save(bad / "dog" / "cmyk.jpg")
+        Image.new("L", (32, 24), 90).save(bad / "dog" / "grey.jpg")
+        Image.new("RGB", (30, 30), (0, 0, 250)).save(bad / "dog" / "png_named.jpg", format="PNG")
+        (bad / "dog" / "empty.jpg").write_bytes(b"")
+        subprocess.run([sys.executable, "-m", "ddtrain", "data", "pack", str(images_in(T / "to_pack")), str(T / "packed"),
+                        "--workers", "1"], check=True, capture_output=True, env={**os.environ, "PYTHONPATH": str(REPO / "src")})
+        shard = T / "packed" / "shard-00000.bin"
+        raw = bytearray(shard.read_bytes())
+        raw[len(raw) // 2] ^= 1
+        shard.write_bytes(bytes(raw))
     (images_in(T / "dangling") / "dog" / "gone.png").symlink_to("deleted.png")
     plain = images_in(T / "filelinks")
     (plain / "dog" / "link.png").symlink_to(plain / "dog" / "0.png")
@@ -336,7 +351,8 @@ def cases() -> list[Case]:
 
     def data(what, spec, test, *extra, expect="refused", look_for=""):
         base = TRAIN if expect == "refused" else TRAIN[:-1]  # a run that trains shows its epoch line
-        out.append(Case("data", what, [*base, "--data", spec, *extra], expect, H + test if test else "",
+        named = ("tests/data/" + test if ".py::" in test else H + test) if test else ""   # a test of another file
+        out.append(Case("data", what, [*base, "--data", spec, *extra], expect, named,
                         look_for=look_for or ("Epoch 1/1" if expect == "ok" else "")))
     data("y = floats 0..3 with fractions", "npz:{T}/float_labels.npz", "test_fractional_float_labels_are_refused_unless_regression_is_said")
     data("the same with --data-arg task=regression", "npz:{T}/float_labels.npz", "test_fractional_float_labels_are_refused_unless_regression_is_said",
@@ -388,9 +404,16 @@ def cases() -> list[Case]:
             ("fifo", "a FIFO dog/stream.jpg (blocked the launcher)", "test_fifo_among_the_images_is_refused_without_opening_it"),
             ("device", "cat/null.jpg -> /dev/null (a device)", "test_socket_and_device_among_the_images_are_refused"),
             ("sock", "a socket cat/s.png", "test_socket_and_device_among_the_images_are_refused"),
-            ("empty_img", "an empty cat/blank.jpg (0 bytes)", "test_empty_image_file_is_refused"),
             ("dangling", "dog/gone.png -> deleted.png (dangling)", "test_dangling_image_symlink_is_refused")):
         data(f"imagefolder: {what}", f"imagefolder:{{T}}/{folder}", test)
+    data("imagefolder: an empty cat/blank.jpg (0 bytes): skipped, named", "imagefolder:{T}/empty_img",
+         "test_empty_image_file_is_skipped_and_named", "--batch-size", "2", "--data-arg", "size=16", expect="ok",
+         look_for="blank.jpg: empty file")
+    data("imagefolder: corrupt, truncated, CMYK, grey, PNG-in-.jpg and empty images (issue 30)", "imagefolder:{T}/bad_images",
+         "test_hostile_images.py::test_training_runs_through_every_kind_of_bad_image", "--batch-size", "4",
+         "--data-arg", "size=16", expect="ok",
+         look_for="corrupt.jpg: unreadable image")
+    data("packed: one bit of a shard flipped", "packed:{T}/packed", "test_packed.py::test_a_damaged_shard_is_refused_naming_it")
     data("imagefolder: file symlinks to images; a FIFO named notes", "imagefolder:{T}/filelinks",
          "test_plain_folder_and_file_symlinks_still_load", "--batch-size", "2", expect="ok")
     data("a file given as imagefolder:DIR", "imagefolder:{T}/good.npz", "test_a_path_of_the_wrong_kind_is_named")

@@ -23,7 +23,6 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from common import Clock, host_line, markdown_table, run_training_cells, write_results
@@ -58,10 +57,11 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     clock = Clock()
-    config = ScalingConfig(model=args.model, data=args.data, strategies=args.strategies.split(","),
-                           workers=[args.nodes], batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
-                           steps=args.steps, warmup_steps=args.warmup_steps, sync_every=args.sync_every,
-                           monitor=True, monitor_every=0.5, cell_timeout_s=args.cell_timeout)
+    sync_every = int(args.sync_every) if args.sync_every.isdigit() else args.sync_every
+    config = ScalingConfig.of(model=args.model, data=args.data, strategies=args.strategies.split(","),
+                              workers=[args.nodes], batch_sizes=[int(b) for b in args.batch_sizes.split(",")],
+                              steps=args.steps, warmup_steps=args.warmup_steps, sync_every=sync_every,
+                              monitor_system=True, monitor_every=0.5, cell_timeout_s=args.cell_timeout)
     cells = plan(config)
     n_train = check(config, cells)
     link_bps = parse_rate(args.link)
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
     with emulated_cluster(args.nodes, args.link) as cluster:
         rows = run_training_cells(cluster, config, cells, out, args.link, clock, timeout_s=args.cell_timeout)
     finish_rows(rows)
-    result = {"kind": "ddtrain-bench-scaling", "config": asdict(config), "train_samples": n_train,
+    result = {"kind": "ddtrain-bench-scaling", "config": config.as_dict(), "train_samples": n_train,
               "cores": os.cpu_count(), "elapsed_s": time.perf_counter() - started, "cells": rows,
               "cluster": {"link": args.link, "link_bps": link_bps, "nodes": args.nodes, "host": host_line()}}
     summary = summarize(result)

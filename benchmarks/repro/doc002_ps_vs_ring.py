@@ -25,7 +25,6 @@ import dataclasses
 import os
 import sys
 import time
-from dataclasses import asdict
 from pathlib import Path
 
 from common import Clock, host_line, markdown_table, run_training_cells, write_results
@@ -59,6 +58,7 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     from ddtrain.bench.scaling import Cell, ScalingConfig, check, plan
+    from ddtrain.config import parse_kv
     from ddtrain.bench.scaling import finish_rows
     from ddtrain.cluster import emulated_cluster
     from ddtrain.cluster.netns import parse_rate
@@ -66,11 +66,12 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
     clock = Clock()
-    config = ScalingConfig(model=args.model, data=args.data, strategies=args.strategies.split(","),
-                           workers=[int(w) for w in args.workers.split(",")], batch_sizes=[args.batch_size],
-                           steps=args.steps, warmup_steps=args.warmup_steps, lr=args.lr, model_args=args.model_arg,
-                           monitor=True, monitor_every=args.monitor_every, cell_timeout_s=args.cell_timeout)
-    ps_config = dataclasses.replace(config, steps=args.ps_steps)
+    config = ScalingConfig.of(model=args.model, data=args.data, strategies=args.strategies.split(","),
+                              workers=[int(w) for w in args.workers.split(",")], batch_sizes=[args.batch_size],
+                              steps=args.steps, warmup_steps=args.warmup_steps, lr=args.lr,
+                              model_args=parse_kv(args.model_arg, "--model-arg"), monitor_system=True,
+                              monitor_every=args.monitor_every, cell_timeout_s=args.cell_timeout)
+    ps_config = dataclasses.replace(config, train=dataclasses.replace(config.train, steps=args.ps_steps))
     cells = [(ps_config if c.strategy.startswith("ps-") else config, c) for c in plan(config)]
     if args.baseline_cell:
         cells.insert(0, (config, Cell("ddp", 1, 1, args.batch_size, 0, "off")))
@@ -89,7 +90,7 @@ def main(argv=None) -> int:
             rows += run_training_cells(cluster, cell_config, [cell], out, args.link, clock,
                                        timeout_s=args.cell_timeout, sample_s=args.traffic_every)
     finish_rows(rows)
-    result = {"kind": "ddtrain-bench-scaling", "config": {**asdict(config), "ps_steps": args.ps_steps},
+    result = {"kind": "ddtrain-bench-scaling", "config": {**config.as_dict(), "ps_steps": args.ps_steps},
               "compute_only": compute, "train_samples": n_train,
               "cores": os.cpu_count(), "elapsed_s": time.perf_counter() - started, "cells": rows,
               "cluster": {"link": args.link, "link_bps": parse_rate(args.link), "nodes": nodes,
@@ -120,7 +121,7 @@ def compute_only(model: str, data: str, model_args: list[str], batch_size: int, 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        train = TrainConfig(model=model, data=data, val_fraction=0.0, model_args=parse_kv(model_args, "--model-arg"))
+        train = TrainConfig.from_flat(model=model, data=data, val_fraction=0.0, model_args=parse_kv(model_args, "--model-arg"))
         dataset, net = load_and_build(train, meta=False)
         x = torch.randn(batch_size, *dataset.sample_shape)     # content does not change the time
         y = torch.randint(0, dataset.num_classes or 1, (batch_size,))

@@ -10,68 +10,57 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import math
 import types
 import typing
 from dataclasses import asdict, dataclass, field, fields
 from typing import Literal
 
+from ddtrain.data.config import DataConfig
 from ddtrain.distributed.config import DistConfig
-from ddtrain.errors import ConfigError, DDTrainError
+from ddtrain.errors import ConfigError, DDTrainError, check_choices
 from ddtrain.observe.config import ProfileConfig
 from ddtrain.observe.tracking import TrackingConfig
+from ddtrain.recipe.config import RecipeConfig
 from ddtrain.reliability.config import ReliabilityConfig
 from ddtrain.sync.base import SyncOptions
 
-AMP_MODES = ("off", "bf16", "fp16")
-OPTIMIZERS = ("sgd", "adam", "adamw")
-SCHEDULES = ("constant", "step", "multistep", "cosine", "onecycle", "linear")
-SECTIONS = {"sync": SyncOptions, "reliability": ReliabilityConfig, "profile": ProfileConfig,
-            "tracking": TrackingConfig, "dist": DistConfig}
+AmpMode = Literal["off", "bf16", "fp16"]
+AMP_MODES = typing.get_args(AmpMode)
+# The sections, each owned by the package that reads it; their fields are flags like the top-level ones.
+SECTIONS = {"data": DataConfig, "recipe": RecipeConfig, "sync": SyncOptions, "reliability": ReliabilityConfig,
+            "profile": ProfileConfig, "tracking": TrackingConfig, "dist": DistConfig}
+
+# What a field's ``metadata`` says (``reliability.consistency`` derives its field lists from it, and
+# tests/test_config_metadata.py fails when a setting that changes training is not marked):
+#   "agree":  True: every rank must have the same value (the start-up fingerprint holds it);
+#             "content": compared through what it yields (the data set's size, shape and dtype).
+#   "resume": what resuming from a checkpoint requires of it: "same" (the checkpoint was written with
+#             the same value), "same-workers" (the same unless the worker count changed, the global batch
+#             kept: docs/ELASTIC.md), "may-change" (training goes on with the new value), "content" (as agree).
+# A field without them changes nothing that ranks or a checkpoint must share (outputs, logging, launch).
+AGREE_WORDS, RESUME_WORDS = (True, "content"), ("same", "same-workers", "may-change", "content")
 
 
 @dataclass(kw_only=True)
 class TrainConfig:
-    """One training run. Batch size is per rank and micro-batch (the global batch is batch_size x workers x grad_accum)."""
+    """One training run: what to train, for how long, how; the sections hold the data, the recipe, the strategy, ..."""
 
-    model: str = "simple-cnn"              # model name (see ddtrain.models.MODELS)
-    model_args: dict = field(default_factory=dict)   # model option, e.g. hidden=256,128
-    data: str = "digits"                   # data spec: digits, mnist:DIR, npz:FILE, ... (see ddtrain.data)
-    data_args: dict = field(default_factory=dict)    # data loader option, e.g. resize=128
-    strategy: str = "ddp"                  # synchronisation strategy (see ddtrain.sync.STRATEGIES)
-    epochs: int | None = None           # passes over the training data (default 1, or as many as --steps needs)
-    steps: int = 0                         # stop after this many steps in all (0: no limit)
-    batch_size: int = 64                   # samples per micro-batch on each rank (set by --global-batch-size when given)
-    global_batch_size: int = 0             # samples per optimizer update over all workers; per-rank batch = this / (workers x grad_accum) (0: batch_size x workers x grad_accum)
-    grad_accum: int = 1                    # micro-batches per optimizer update (gradients communicated on the last one only)
-    lr: float = 0.05                       # peak learning rate (before --scale-lr)
-    scale_lr: Literal["none", "linear", "sqrt"] = "none"   # multiply --lr by (global batch / --lr-reference-batch), or its square root
-    lr_reference_batch: int = 256          # the global batch --lr is meant for (--scale-lr)
-    lr_schedule: Literal["constant", "step", "multistep", "cosine", "onecycle", "linear"] = "constant"   # learning rate over the optimizer updates, after the warm-up
-    lr_warmup_steps: int = 0               # optimizer updates of linear warm-up to the peak lr
-    lr_warmup_epochs: float = 0.0          # warm-up in epochs (used when --warmup-steps is 0)
-    lr_gamma: float = 0.1                  # step/multistep: factor applied at each milestone
-    lr_step_epochs: float = 0.0            # step: epochs between decays (0: a third of the run)
-    lr_milestones: str = ""                # multistep: epochs at which lr is multiplied by --lr-gamma, e.g. 30,60,80 (default: half and three quarters of the run)
-    momentum: float = 0.9                  # SGD momentum (heavy ball)
-    weight_decay: float = 0.0              # weight decay (L2 for sgd/adam, decoupled for adamw)
-    decay_exclude: Literal["auto", "norms-biases", "none"] = "auto"   # parameters kept out of weight decay (auto: norms and biases for adamw, none otherwise)
-    optimizer: Literal["sgd", "adam", "adamw"] = "sgd"   # the optimizer
-    clip_grad: float = 0.0                 # clip the gradients' total norm to this before each update (0: off)
-    label_smoothing: float = 0.0           # cross-entropy label smoothing (classification)
-    seed: int = 0                          # seed for initialisation, shuffling and dropout
-    val_fraction: float = 0.2              # share of the data held out for validation
-    sharding: Literal["balanced", "contiguous"] = "balanced"   # how samples are split over ranks (document 000 Tables 6.1/6.2)
-    loader_workers: int = 0                # DataLoader processes per rank (0: load in the training process)
-    data_on_device: Literal["auto", "yes", "no"] = "auto"   # keep in-memory datasets on the GPU (auto: when training on CUDA)
-    amp: Literal["off", "bf16", "fp16"] = "off"   # mixed precision (fp16 with a gradient scaler)
+    model: str = field(default="simple-cnn", metadata={"agree": True, "resume": "same"})   # model name (see ddtrain.models.MODELS)
+    model_args: dict = field(default_factory=dict, metadata={"agree": True, "resume": "same"})   # model option, e.g. hidden=256,128
+    strategy: str = field(default="ddp", metadata={"agree": True, "resume": "same"})   # synchronisation strategy (see ddtrain.sync.STRATEGIES)
+    epochs: int | None = field(default=None, metadata={"agree": True, "resume": "may-change"})   # passes over the training data (default 1, or as many as --steps needs)
+    steps: int = field(default=0, metadata={"agree": True, "resume": "may-change"})   # stop after this many steps in all (0: no limit)
+    seed: int = field(default=0, metadata={"agree": True, "resume": "same"})   # seed for initialisation, shuffling and dropout
+    amp: AmpMode = field(default="off", metadata={"agree": True, "resume": "same"})   # mixed precision (fp16 with a gradient scaler)
     channels_last: bool = False            # NHWC memory layout
     compile: bool = False                  # torch.compile the model
-    compile_options: Literal["auto", "tuned", "tuned-graphs", "default"] = "auto"   # with --compile on CUDA: tuned adds inductor's kernel tuning, tuned-graphs also CUDA graphs, auto picks tuned-graphs in one process and tuned otherwise, default is torch.compile's own (docs/PERFORMANCE.md)
+    compile_options: Literal["auto", "tuned", "tuned-graphs", "graphs", "default"] = "auto"   # with --compile on CUDA: tuned adds inductor's kernel tuning, tuned-graphs also CUDA graphs, graphs CUDA graphs without the tuning, auto tunes runs of >= 100,000 steps (tuned-graphs in one process, tuned otherwise) and takes the defaults for shorter ones, default is torch.compile's own (docs/PERFORMANCE.md)
     log_every: int = 0                     # print a line every N steps (0: per epoch)
     quiet: bool = False                    # no epoch lines or progress bar (errors only)
     out: str | None = None              # write the results record (JSON) here
     save: str | None = None             # save the final model (.pt state dict or .safetensors)
+    data: DataConfig = field(default_factory=DataConfig)
+    recipe: RecipeConfig = field(default_factory=RecipeConfig)
     sync: SyncOptions = field(default_factory=SyncOptions)
     reliability: ReliabilityConfig = field(default_factory=ReliabilityConfig)
     profile: ProfileConfig = field(default_factory=ProfileConfig)
@@ -81,52 +70,34 @@ class TrainConfig:
     def __post_init__(self):
         if self.epochs is None:  # "as many as --steps needs" when only steps are given
             self.epochs = 0 if self.steps else 1
-        for name in ("batch_size", "grad_accum", "lr_reference_batch"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(name, f"must be a positive integer, got {value!r}")
-        for name in ("epochs", "steps", "loader_workers", "log_every", "seed", "global_batch_size", "lr_warmup_steps"):
+        for name in ("epochs", "steps", "log_every", "seed"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(name, f"must be a non-negative integer, got {value!r}")
         if self.epochs == 0 and self.steps == 0:
             raise ConfigError("epochs", "and steps are both 0: nothing to do")
-        for name in ("lr", "momentum", "weight_decay", "val_fraction", "lr_warmup_epochs", "lr_gamma", "lr_step_epochs",
-                     "clip_grad", "label_smoothing"):
-            value = getattr(self, name)
-            if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-                raise ConfigError(name, f"must be a finite number, got {value!r}")
-        if not self.lr > 0:
-            raise ConfigError("lr", f"must be positive, got {self.lr}")
-        if not 0 <= self.momentum < 1:
-            raise ConfigError("momentum", f"must be in [0, 1), got {self.momentum}")
-        if self.weight_decay < 0:
-            raise ConfigError("weight_decay", f"must be >= 0, got {self.weight_decay}")
-        if not 0 <= self.val_fraction < 1:
-            raise ConfigError("val_fraction", f"must be in [0, 1), got {self.val_fraction}")
-        for name in ("lr_warmup_epochs", "lr_step_epochs", "clip_grad"):
-            if getattr(self, name) < 0:
-                raise ConfigError(name, f"must be >= 0, got {getattr(self, name)}")
-        if not 0 < self.lr_gamma <= 1:
-            raise ConfigError("lr_gamma", f"must be in (0, 1], got {self.lr_gamma}")
-        if not 0 <= self.label_smoothing < 1:
-            raise ConfigError("label_smoothing", f"must be in [0, 1), got {self.label_smoothing}")
-        if not isinstance(self.lr_milestones, str):  # a config file may give a list
-            self.lr_milestones = ",".join(str(v) for v in self.lr_milestones)
-        for name, allowed in (("amp", AMP_MODES), ("optimizer", OPTIMIZERS), ("data_on_device", ("auto", "yes", "no")),
-                              ("sharding", ("balanced", "contiguous")), ("lr_schedule", SCHEDULES),
-                              ("scale_lr", ("none", "linear", "sqrt")),
-                              ("decay_exclude", ("auto", "norms-biases", "none"))):
-            if getattr(self, name) not in allowed:
-                raise ConfigError(name, f"{getattr(self, name)!r} is not one of: {', '.join(allowed)}")
+        check_choices(self)
         for name, cls in SECTIONS.items():
             if not isinstance(getattr(self, name), cls):
-                raise ConfigError(name, f"must be a {cls.__name__}, got {type(getattr(self, name)).__name__}")
+                raise ConfigError(name, f"must be a {cls.__name__}, got {type(getattr(self, name)).__name__} "
+                                        f"(TrainConfig.from_flat takes every setting by its own name)")
+        # Options the strategy does not read are refused where a run starts (training.build.check_run: ddtrain
+        # train before any worker, fit), not here: a config may carry options for the strategies of a matrix.
         from ddtrain.sync import strategy_spec  # here: the registry imports torch.distributed
         spec = strategy_spec(self.strategy)
         if self.reliability.checkpoint_dir and not spec.checkpointable:
-            raise ConfigError("checkpoint_dir", f"is not supported with --strategy {self.strategy}: its state lives "
-                              "outside the training loop (use --max-restarts alone, which restarts from step 0)")
+            raise ConfigError("checkpoint_dir", f"is not supported with strategy {self.strategy!r}: its state lives "
+                              "outside the training loop (use max_restarts alone, which restarts from step 0)")
+
+    def resolved(self, workers: int, resuming: bool | None = None) -> TrainConfig:
+        """This config with ``recipe.batch_size`` the per-rank micro-batch on ``workers`` (``ddtrain.recipe.resolve``).
+
+        ``resuming`` (default: ``reliability.resume``) keeps the global batch at another worker count.
+        """
+        from ddtrain import recipe
+        resuming = self.reliability.resume if resuming is None else resuming
+        mine = recipe.resolve(self.recipe, workers, resuming)
+        return self if mine == self.recipe else dataclasses.replace(self, recipe=mine)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -141,33 +112,63 @@ class TrainConfig:
     @classmethod
     def from_flat(cls, **values) -> TrainConfig:
         """Build from one flat mapping of field names (the flags' names, a config file's keys):
-        ``TrainConfig.from_flat(strategy="ps-sync", servers=2, checkpoint_dir=None)``."""
+        ``TrainConfig.from_flat(strategy="ps-sync", servers=2, lr=0.1, data="mnist:DIR")``.
+
+        A section may also come whole, as its dataclass or as a dict of its fields (``as_dict``'s
+        nesting); flat names given beside it override its values.
+        """
         sections = {name: {} for name in SECTIONS}
+        given = {}
         owner = {f.name: name for name, section in SECTIONS.items() for f in fields(section)}
         top = {}
         for key, value in values.items():
-            if key in sections and isinstance(value, dict):
+            if key in SECTIONS and isinstance(value, SECTIONS[key]):
+                given[key] = value
+            elif key in SECTIONS and isinstance(value, dict):   # "data" is a section and a field: a dict is the section
                 sections[key].update(value)
             elif key in owner:
                 sections[owner[key]][key] = value
             else:
                 top[key] = value
         unknown = sorted(set(top) - {f.name for f in fields(cls)})
+        for name, kwargs in sections.items():
+            unknown += sorted(set(kwargs) - {f.name for f in fields(SECTIONS[name])})
         if unknown:
             raise ConfigError(unknown[0], "is not a setting of TrainConfig")
-        built = {}
-        for name, kwargs in sections.items():
-            try:
-                built[name] = SECTIONS[name](**kwargs)
-            except ValueError as exc:  # SyncOptions still raises ValueError("<field> ...")
-                text = str(exc)
-                raise ConfigError(text.split()[0], text.partition(" ")[2]) from None
+        built = {name: dataclasses.replace(given[name], **kwargs) if name in given else SECTIONS[name](**kwargs)
+                 for name, kwargs in sections.items()}
         return cls(**top, **built)
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
-        """The inverse of ``as_dict`` (a results record's ``config``)."""
-        return cls.from_flat(**data)
+        """The inverse of ``as_dict``: a results record's ``config``, also one an earlier version wrote.
+
+        Earlier records hold some or all sections' settings at the top (``record_settings`` reads
+        both), and may hold strategy options their strategy never read (``bench scaling`` gave
+        ``--sync-every`` to every cell): they had no effect then, so they are left at their defaults.
+        """
+        values = record_settings(data)
+        from ddtrain.sync import STRATEGIES
+        spec = STRATEGIES.get(values.get("strategy", "ddp"))
+        if spec is not None:
+            unread = {f.name for f in fields(SyncOptions)} - {n for n in values if spec.takes_option(n)}
+            values = {k: v for k, v in values.items() if k not in unread}
+        return cls.from_flat(**values)
+
+
+def record_settings(config: dict) -> dict:
+    """A results record's ``config`` as one flat ``{setting: value}``, whichever version wrote it.
+
+    Records nest the sections (``{"recipe": {"lr": ...}, ...}``); earlier ones held the recipe's
+    and the data's settings at the top. Readers of records look settings up here, by name.
+    """
+    out = {}
+    for key, value in config.items():
+        if key in SECTIONS and isinstance(value, dict):
+            out.update(value)
+        else:
+            out[key] = value
+    return out
 
 
 def parse_kv(items: list[str], flag: str) -> dict:
@@ -254,139 +255,3 @@ def to_argv(config: TrainConfig) -> list[str]:
         elif value is not None:
             argv += [flag, str(value)]
     return argv
-
-
-# ---- settings from files: a config file whose keys are the flags' names, and a results record's config ----
-
-CONFIG_SUFFIXES = (".toml", ".yaml", ".yml")
-OUTPUTS = ("out", "save", "tensorboard", "csv", "trace", "checkpoint_dir")   # not replayed: a replay writes anew
-
-
-def flag_fields() -> dict[str, tuple[str, object]]:
-    """``{flag name without dashes: (field name, annotation)}`` for every flag of ``ddtrain train``."""
-    return {flag_name(f.name)[2:]: (f.name, tp) for f, tp in fields_of(TrainConfig)}
-
-
-def read_config_file(path: str) -> dict:
-    """``{field: value}`` from a TOML or YAML file of flat ``flag-name = value`` lines.
-
-    Keys are the flags' names without the dashes (``lr-schedule`` or ``lr_schedule``); the
-    ``model-arg``/``data-arg`` options are tables (``[model-arg]``, ``depth = 18``). An unknown key
-    or a value of the wrong type is refused naming the file, its line and the key.
-    """
-    import pathlib
-    file = pathlib.Path(path)
-    if file.suffix not in CONFIG_SUFFIXES:
-        raise DDTrainError(f"--config {path}: use a .toml or .yaml file")
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise DDTrainError(f"--config {path}: cannot read it ({exc.strerror or exc})") from None
-    if file.suffix == ".toml":
-        raw = _parse_toml(text, path)
-    else:
-        try:
-            import yaml
-        except ImportError:
-            raise DDTrainError(f"--config {path}: YAML files need PyYAML (pip install pyyaml); or use TOML") from None
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise DDTrainError(f"--config {path}: not valid YAML: {exc}") from None
-        raw = {} if raw is None else raw
-        if not isinstance(raw, dict):
-            raise DDTrainError(f"--config {path}: the file must be a mapping of flag names to values")
-    known = flag_fields()
-    out = {}
-    for key, value in raw.items():
-        where = f"{path}:{_line_of(text, str(key))}"
-        name = str(key).replace("_", "-")
-        if name not in known:
-            import difflib
-            close = difflib.get_close_matches(name, known, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else " (keys are the flags of ddtrain train --help)"
-            raise DDTrainError(f"{where}: unknown key {key!r}{hint}")
-        field_name, tp = known[name]
-        problem = value_problem(tp, value)
-        if problem:
-            raise DDTrainError(f"{where}: {key} = {value!r}: {problem}")
-        if isinstance(value, list):  # lr-milestones = [30, 60, 80]
-            value = ",".join(str(v) for v in value)
-        out[field_name] = value
-    return out
-
-
-def _parse_toml(text: str, path: str) -> dict:
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10
-        try:
-            import tomli as tomllib
-        except ImportError:
-            raise DDTrainError(f"--config {path}: TOML needs Python 3.11 or the tomli package on Python 3.10 "
-                               "(pip install tomli)") from None
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise DDTrainError(f"--config {path}: not valid TOML: {exc}") from None
-
-
-def _line_of(text: str, key: str) -> int:
-    """The line where ``key`` is set (``key =``, ``key:`` or a ``[key]`` table), 1-based; 0 if not found."""
-    import re
-    pattern = re.compile(rf"""^\s*(\[\s*)?["']?{re.escape(key)}["']?\s*(=|:|\])""")
-    for number, line in enumerate(text.splitlines(), 1):
-        if pattern.match(line):
-            return number
-    return 0
-
-
-def value_problem(tp, value) -> str | None:
-    """What is wrong with ``value`` for a field annotated ``tp`` (None when it fits)."""
-    bare, kind = field_kind(tp)
-    optional = typing.get_origin(tp) in _UNIONS and type(None) in typing.get_args(tp)
-    if value is None:
-        return None if optional else "a value is required"
-    if kind == "choice":
-        allowed = typing.get_args(bare)
-        return None if value in allowed else f"expected one of: {', '.join(map(str, allowed))}"
-    if kind == "switch":
-        return None if isinstance(value, bool) else "expected true or false"
-    if kind == "pairs":
-        return None if isinstance(value, dict) else "expected a table of KEY = VALUE"
-    if kind == "int-or-word":
-        return None if isinstance(value, (int, str)) and not isinstance(value, bool) else "expected an integer or a word"
-    if bare is bool or isinstance(value, bool):
-        return f"expected {getattr(bare, '__name__', bare)}, got a boolean"
-    if bare is int:
-        return None if isinstance(value, int) else f"expected an integer, got {type(value).__name__}"
-    if bare is float:
-        return None if isinstance(value, (int, float)) else f"expected a number, got {type(value).__name__}"
-    if bare is str:
-        if isinstance(value, list) and all(isinstance(v, (int, float, str)) for v in value):
-            return None   # a list of values where a comma-separated string is expected
-        return None if isinstance(value, str) else f"expected a string, got {type(value).__name__}"
-    return None
-
-
-def read_record_config(path: str) -> tuple[dict, int | None]:
-    """(``{field: value}`` of a results record's resolved configuration, the run's world size) for a replay.
-
-    Outputs (``OUTPUTS``) are left out, so that a replay never overwrites the run it replays.
-    """
-    import json
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except OSError as exc:
-        raise DDTrainError(f"--config-from {path}: cannot read it ({exc.strerror or exc})") from None
-    except ValueError as exc:
-        raise DDTrainError(f"--config-from {path}: not a JSON results record ({exc})") from None
-    if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
-        raise DDTrainError(f"--config-from {path}: no 'config' in it (is it the --out record of ddtrain train?)")
-    try:
-        config = TrainConfig.from_dict(record["config"])
-    except (ConfigError, TypeError) as exc:
-        raise DDTrainError(f"--config-from {path}: its config does not load: {exc}") from None
-    values = {k: v for k, v in config.flat().items() if k not in OUTPUTS and k not in NOT_FLAGS}
-    return values, record.get("world_size")

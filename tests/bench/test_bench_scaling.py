@@ -16,7 +16,7 @@ from ddtrain.errors import DDTrainError
 
 def _config(**kw):
     base = dict(model="mlp", data="digits", strategies=["ddp"], workers=[1, 2])
-    return ScalingConfig(**{**base, **kw})
+    return ScalingConfig.of(**{**base, **kw})
 
 
 def test_ps_strategies_count_their_servers_on_top_of_the_workers():
@@ -32,7 +32,7 @@ def test_the_matrix_covers_batch_sizes_loader_workers_and_precision():
 
 @pytest.mark.parametrize("kw, message", [
     (dict(steps=10, epochs=2), "exactly one of --steps"),
-    (dict(steps=0, epochs=0), "exactly one of --steps"),
+    (dict(steps=0, epochs=0), "epochs and steps are both 0"),
     (dict(amp=["fp8"]), "unknown --amp mode 'fp8'"),
     (dict(workers=[0, 2]), "--workers must be positive"),
     (dict(strategies=[]), "at least one strategy"),
@@ -59,10 +59,10 @@ def test_each_cell_trains_with_the_cells_settings_and_the_warmup_on_top(tmp_path
     from ddtrain.cli import train as train_cli
     train_cli.add_arguments(parser)
     run = config_from_args(parser.parse_args(argv[1:]))
-    assert run.strategy == "ring" and run.batch_size == 64 and run.loader_workers == 2 and run.amp == "bf16"
+    assert run.strategy == "ring" and run.recipe.batch_size == 64 and run.data.loader_workers == 2 and run.amp == "bf16"
     assert run.channels_last and run.steps == 25 and run.profile.warmup_steps == 5 and run.profile.profile
     assert run.profile.trace.endswith("ring-w2-b64-lw2-bf16.trace.json") and run.profile.monitor_every == 0.25
-    assert run.val_fraction == 0 and run.out.endswith("ring-w2-b64-lw2-bf16.json")
+    assert run.data.val_fraction == 0 and run.out.endswith("ring-w2-b64-lw2-bf16.json")
 
 
 def _row(strategy, workers, rate, ok=True):

@@ -291,10 +291,13 @@ def test_socket_and_device_among_the_images_are_refused(folder):
     _folder_refused(folder, "is a character device, not an image file", device)
 
 
-def test_empty_image_file_is_refused(folder):
+def test_empty_image_file_is_skipped_and_named(folder):
+    """Issue 30: a 0-byte image is left out at the scan (one line each, counted in the record), not a refusal."""
     empty = folder / "cat" / "more" / "blank.jpg"
     empty.touch()
-    _folder_refused(folder, r"is empty \(0 bytes\), not an image", empty)
+    ds = load_imagefolder(str(folder), size=8)
+    assert "cat/more/blank.jpg" not in ds.files and len(ds) == 8
+    assert [(p.file, p.reason, p.action) for p in ds.scan_problems] == [(str(empty), "empty file (0 bytes)", "skipped")]
 
 
 def test_dangling_image_symlink_is_refused(folder):

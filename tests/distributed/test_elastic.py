@@ -50,15 +50,15 @@ def test_elastic_sizes_skip_sizes_that_cannot_share_the_global_batch():
 
     def elastic_sizes(config, least, most):  # ddtrain train's rule: its recipe (which may re-choose --grad-accum)
         return launch_spec(config, least, most, 0).elastic_sizes(least, most, shares_global_batch(config))
-    config = TrainConfig(model="mlp", data="digits", global_batch_size=48)
+    config = TrainConfig.from_flat(model="mlp", data="digits", global_batch_size=48)
     assert elastic_sizes(config, 2, 4) == [4, 3, 2]
-    assert elastic_sizes(TrainConfig(model="mlp", data="digits", global_batch_size=40), 3, 4) == [4]
+    assert elastic_sizes(TrainConfig.from_flat(model="mlp", data="digits", global_batch_size=40), 3, 4) == [4]
     with pytest.raises(DDTrainError, match="cannot start on 5; world sizes that can share it: 1, 2, 3, 4, 6, 8"):
         elastic_sizes(config, 2, 5)
     with pytest.raises(DDTrainError, match="runs on none of them; world sizes that can share it: 1, 2, 5, 10"):
-        elastic_sizes(TrainConfig(model="mlp", data="digits", global_batch_size=50), 3, 4)
+        elastic_sizes(TrainConfig.from_flat(model="mlp", data="digits", global_batch_size=50), 3, 4)
     with pytest.raises(DDTrainError, match="needs --global-batch-size"):
-        elastic_sizes(TrainConfig(model="mlp", data="digits"), 2, 3)
+        elastic_sizes(TrainConfig.from_flat(model="mlp", data="digits"), 2, 3)
 
 
 def test_the_library_default_rule_is_that_the_global_batch_divides_by_the_workers():

@@ -69,7 +69,7 @@ def test_fit_on_cuda_with_amp_channels_last_and_gpu_resident_data(amp):
     x, y = torch.randn(256, 3, 32, 32), torch.randint(0, 10, (256,))
     data = Data("t", ArrayDataset(x, y, num_classes=10), None, 10, (3, 32, 32), "classification")
     model = build_model("resnet18", num_classes=10, in_channels=3, input_size=(32, 32))
-    record = fit(model, data, TrainConfig(model="resnet18", data="t", epochs=2, batch_size=64, lr=0.05,
+    record = fit(model, data, TrainConfig.from_flat(model="resnet18", data="t", epochs=2, batch_size=64, lr=0.05,
                                           val_fraction=0.0, amp=amp, channels_last=True, quiet=True))
     assert record["versions"]["device"].startswith("cuda")
     assert record["epochs"][-1]["train_loss"] < record["epochs"][0]["train_loss"] * 1.5

@@ -140,16 +140,16 @@ def dirs(tmp_path):
 
 
 BAD = [
-    (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir DIR"),
-    (["--resume"], "--resume needs --checkpoint-dir DIR"),
-    (["--resume", "--checkpoint-dir", "{d}/none"], "--resume: no checkpoint in {d}/none"),
+    (["--checkpoint-every", "5"], "--checkpoint-every needs --checkpoint-dir"),
+    (["--resume"], "--resume needs --checkpoint-dir"),
+    (["--resume", "--checkpoint-dir", "{d}/none"], "--resume finds no checkpoint in {d}/none"),
     (["--checkpoint-dir", "{d}/fits"], "already holds checkpoints (newest: ckpt-00000007.pt); pass --resume"),
     (["--checkpoint-dir", "{d}/file"], "--checkpoint-dir '{d}/file' is a file, not a directory"),
-    (["--resume", "--checkpoint-dir", "{d}/damaged"], "every checkpoint in {d}/damaged is damaged: "
+    (["--resume", "--checkpoint-dir", "{d}/damaged"], "--resume finds every checkpoint in {d}/damaged damaged: "
                                                        "ckpt-00000003.pt (truncated: "),
     (["--resume", "--checkpoint-dir", "{d}/fits", "--batch-size", "16"],
      "does not fit this run: it has batch_size=64 vs 16"),
-    (["--strategy", "ps-async", "--checkpoint-dir", "{d}/new"], "not supported with --strategy ps-async"),
+    (["--strategy", "ps-async", "--checkpoint-dir", "{d}/new"], "--checkpoint-dir is not supported with strategy 'ps-async'"),
     (["--keep", "0"], "--keep must be a positive integer, got 0"),
     (["--max-restarts", "-1"], "--max-restarts must be a non-negative integer, got -1"),
     (["--on-nonfinite", "explode"], "argument --on-nonfinite: invalid choice: 'explode' (choose from 'stop', 'skip')"),

@@ -37,9 +37,10 @@ def train_mnist(mnist_dir, strategy):
     torch.manual_seed(0)
     model = build_model("simple-cnn", num_classes=10, in_channels=1, input_size=(28, 28))
     lr = LR * WORKERS if strategy == "ps-sync" else LR     # linear scaling rule, see the module docstring
-    config = TrainConfig.from_flat(model="simple-cnn", data=data.name, strategy=strategy, epochs=EPOCHS, batch_size=BATCH,
-                         lr=lr, momentum=0.5, seed=0, quiet=True, staleness=STALENESS,
-                         async_rule="plain")   # the rates above are tuned for the uncorrected algorithm
+    # the rates above are tuned for the uncorrected algorithm; ps-sync reads neither option (it would refuse them)
+    asynchrony = {"staleness": STALENESS, "async_rule": "plain"} if strategy == "ps-async" else {}
+    config = TrainConfig.from_flat(model="simple-cnn", data=data.name, strategy=strategy, epochs=EPOCHS,
+                                   batch_size=BATCH, lr=lr, momentum=0.5, seed=0, quiet=True, **asynchrony)
     record = fit(model, data, config)
     return record["final"].get("val_accuracy"), record["comm"]
 

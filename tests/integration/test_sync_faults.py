@@ -30,8 +30,9 @@ def train_with_fault(strategy, fault_rank, fault_step, staleness=4):
     runtime._state.timeout_s = TIMEOUT_S
     try:
         model, shape = _model("mlp")
+        bound = {"staleness": staleness} if strategy == "ps-async" else {}   # ps-sync reads no staleness (refused)
         config = TrainConfig.from_flat(model="mlp", data="synthetic", strategy=strategy, epochs=2, batch_size=8, lr=0.1,
-                             seed=3, val_fraction=0.0, quiet=True, staleness=staleness)
+                                       seed=3, val_fraction=0.0, quiet=True, **bound)
         fit(model, _data(shape), config)
     except Exception as exc:
         exc.add_note(f"failed at {time.time():.3f}")   # when each rank gave up, for the timing check

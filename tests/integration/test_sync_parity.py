@@ -29,7 +29,7 @@ def parity_table(mnist_dir, strategies=STRATEGIES, seeds=SEEDS, epochs=2):
         for strategy in strategies:
             torch.manual_seed(seed)
             model = build_model("mlp", num_classes=10, in_channels=1, input_size=(28, 28))
-            config = TrainConfig(model="mlp", data=data.name, strategy=strategy, epochs=epochs, batch_size=32,
+            config = TrainConfig.from_flat(model="mlp", data=data.name, strategy=strategy, epochs=epochs, batch_size=32,
                                  lr=0.05, momentum=0.9, seed=seed, quiet=True)
             table[strategy].append(fit(model, data, config)["final"]["val_accuracy"])
     return table

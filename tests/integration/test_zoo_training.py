@@ -32,7 +32,7 @@ def brain_unet_losses(brain_dir):
                         val_fraction=0.2, seed=0)
     torch.manual_seed(0)
     model = build_model("unet", num_classes=1, in_channels=2, input_size=(64, 64), base=8, depth=2)
-    config = TrainConfig(model="unet", data="nifti", epochs=12, batch_size=8, lr=3e-3, optimizer="adam",
+    config = TrainConfig.from_flat(model="unet", data="nifti", epochs=12, batch_size=8, lr=3e-3, optimizer="adam",
                          val_fraction=0.2, quiet=True)
     record = fit(model, data, config)
     return [e["val_loss"] for e in record["epochs"]]

@@ -116,7 +116,7 @@ def traced_ring_run(trace_path, out_path):
     x, y = torch.randn(512, 1, 8, 8, generator=torch.Generator().manual_seed(1)), torch.arange(512) % 10
     data = Data("synthetic", ArrayDataset(x, y, num_classes=10), None, 10, (1, 8, 8), "classification")
     model = build_model("mlp", num_classes=10, in_channels=1, input_size=(8, 8), hidden=(64, 32))
-    config = TrainConfig(model="mlp", data="synthetic", strategy="ring", epochs=0, steps=12, batch_size=16, lr=0.05,
+    config = TrainConfig.from_flat(model="mlp", data="synthetic", strategy="ring", epochs=0, steps=12, batch_size=16, lr=0.05,
                          val_fraction=0.0, quiet=True, out=out_path)
     record = fit(model, data, config, callbacks=[Profiler(trace_path=trace_path, warmup_steps=2)])
     return record.get("profile")

@@ -70,14 +70,14 @@ def test_mlflow_run_gets_the_config_and_the_metrics(tmp_path, monkeypatch):
 
 def test_a_missing_library_or_an_unwritable_directory_is_one_message_before_training(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)    # import fails as if not installed
-    with pytest.raises(DDTrainError, match=r"--tensorboard needs the tensorboard package: pip install 'ddtrain\[tracking\]'"):
+    with pytest.raises(DDTrainError, match=r"^tensorboard needs the tensorboard package: pip install 'ddtrain\[tracking\]'"):
         run(tmp_path, tensorboard=str(tmp_path / "tb"))
     monkeypatch.setitem(sys.modules, "mlflow", None)
-    with pytest.raises(DDTrainError, match="--mlflow needs the mlflow package"):
+    with pytest.raises(DDTrainError, match="^mlflow needs the mlflow package"):
         tracking.check(tracking.TrackingConfig(mlflow=True))
     monkeypatch.undo()
     pytest.importorskip("tensorboard")
     blocker = tmp_path / "file"
     blocker.write_text("")
-    with pytest.raises(DDTrainError, match="--tensorboard .*cannot write there"):
+    with pytest.raises(DDTrainError, match="^tensorboard .*cannot write there"):
         tracking.check(tracking.TrackingConfig(tensorboard=str(blocker / "tb")))

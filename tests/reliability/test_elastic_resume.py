@@ -46,7 +46,7 @@ def train_rank(strategy, steps, directory=None, resume=False, save=None, **extra
                                    quiet=True, save=save, **options, **extra)
     record = fit(elastic_model(), elastic_data(), config)
     return {"resumed_from": record["reliability"]["resumed_from"], "global_batch_size": record["global_batch_size"],
-            "grad_accum": record["config"]["grad_accum"]}
+            "grad_accum": record["config"]["recipe"]["grad_accum"]}
 
 
 def load(path):
@@ -147,16 +147,15 @@ def snapshot(folder):
 
 
 def test_resume_rechooses_grad_accum_or_refuses_naming_the_worker_counts_that_fit():
-    from ddtrain.training import recipe
     config = TrainConfig.from_flat(global_batch_size=96, grad_accum=16, resume=True, checkpoint_dir="unused")
-    assert recipe.resolve(config, 4).grad_accum == 24 and recipe.resolve(config, 4).batch_size == 1
-    assert recipe.resolve(config, 3).grad_accum == 16 and recipe.resolve(config, 3).batch_size == 2   # 96 = 3 x 16 x 2
-    assert recipe.resolve(config, 48).grad_accum == 2                                   # 48 x 16 > 96: the largest below
+    assert config.resolved(4).recipe.grad_accum == 24 and config.resolved(4).recipe.batch_size == 1
+    assert config.resolved(3).recipe.grad_accum == 16 and config.resolved(3).recipe.batch_size == 2   # 96 = 3 x 16 x 2
+    assert config.resolved(48).recipe.grad_accum == 2                                   # 48 x 16 > 96: the largest below
     with pytest.raises(DDTrainError, match="worker counts that can: 1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 96"):
-        recipe.resolve(config, 5)
+        config.resolved(5)
     fresh = TrainConfig.from_flat(global_batch_size=96, grad_accum=16)   # not a resume: refused as before
-    with pytest.raises(DDTrainError, match="worker counts that divide it with --grad-accum 16: 1, 2, 3, 6"):
-        recipe.resolve(fresh, 4)
+    with pytest.raises(DDTrainError, match="worker counts that divide it with grad_accum 16: 1, 2, 3, 6"):
+        fresh.resolved(4)
 
 
 @pytest.mark.slow

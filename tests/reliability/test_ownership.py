@@ -127,7 +127,7 @@ def test_every_checkpoint_names_its_run_and_a_foreign_lineage_needs_resume_any(t
     # b's newest checkpoint lands in a (a copy, a sync tool, a run before locks existed)
     shutil.copy(b / "ckpt-00000008.pt", a / "ckpt-00000012.pt")
     result = ddtrain(*ONE, "--epochs", "1", "--steps", "16", "--checkpoint-dir", str(a), "--resume", env=_env())
-    assert_one_clear_error(result, f"{a / 'ckpt-00000012.pt'} was written by another run",
+    assert_one_clear_error(result, f"--resume finds {a / 'ckpt-00000012.pt'} written by another run",
                            f"not by this directory's run (lineage {lineage_a})", "--resume-any")
     result = ddtrain(*ONE, "--epochs", "1", "--steps", "16", "--checkpoint-dir", str(a), "--resume",
                      "--resume-any", env=_env())

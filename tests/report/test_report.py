@@ -30,7 +30,7 @@ def profiled_run(out_path):
     x, y = torch.randn(1024, 1, 8, 8, generator=torch.Generator().manual_seed(1)), torch.arange(1024) % 10
     data = Data("synthetic", ArrayDataset(x, y, num_classes=10), None, 10, (1, 8, 8), "classification")
     model = build_model("mlp", num_classes=10, in_channels=1, input_size=(8, 8), hidden=(256, 128))
-    config = TrainConfig(model="mlp", data="synthetic", strategy="ddp", epochs=0, steps=20, batch_size=32,
+    config = TrainConfig.from_flat(model="mlp", data="synthetic", strategy="ddp", epochs=0, steps=20, batch_size=32,
                          lr=0.05, val_fraction=0.0, quiet=True, out=out_path)
     fit(model, data, config, callbacks=[Profiler(monitor=True, interval_s=0.05, warmup_steps=2)])
 
@@ -49,8 +49,8 @@ def collectives(path):
 def results(tmp_path_factory):
     root = tmp_path_factory.mktemp("results")
     cells = root / "bench" / "cells"
-    config = ScalingConfig(model="mlp", data="synthetic", strategies=["ddp"], workers=[1, 2], steps=18,
-                           warmup_steps=2)
+    config = ScalingConfig.of(model="mlp", data="synthetic", strategies=["ddp"], workers=[1, 2], steps=18,
+                              warmup_steps=2)
     rows = []
     for workers in (1, 2):
         cell = Cell("ddp", workers, workers, 32, 0, "off")
@@ -66,7 +66,7 @@ def results(tmp_path_factory):
                              path, root / "bench"))
     finish_rows(rows)
     files.write_json(root / "bench" / "scaling.json", {"kind": "ddtrain-bench-scaling", "cores": 2,
-                                                         "config": vars(config), "elapsed_s": 1.0, "cells": rows})
+                                                         "config": config.as_dict(), "elapsed_s": 1.0, "cells": rows})
     shutil.copy(cells / "ddp-w2-b32-lw0-off.json", root / "run.json")     # a loose train record too
     run_ranks(collectives, 2, str(root / "collectives.json"))
     out = build(root, root)

@@ -90,4 +90,4 @@ def refused_on_rank(method):
 @pytest.mark.parametrize("method", ["powersgd:2", "topk:0.1"])
 def test_powersgd_and_topk_are_refused_by_parameter_servers(method):
     for message in run_ranks(refused_on_rank, 3, method):
-        assert message is not None and f"--compression {method} is not supported with parameter servers" in message
+        assert message is not None and f"compression {method} is not supported with parameter servers" in message

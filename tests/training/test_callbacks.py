@@ -26,7 +26,7 @@ class Plain:  # no base class: only the hooks it has are called
 
     def on_train_begin(self, state):
         assert isinstance(state, TrainState) and state.step == 0 and state.epoch == 1
-        assert state.model is state.strategy.module and state.config.batch_size == 16
+        assert state.model is state.strategy.module and state.config.recipe.batch_size == 16
 
     def on_step_end(self, step, logs, state):
         assert state.step == step and torch.is_tensor(logs["loss"])

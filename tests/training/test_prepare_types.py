@@ -200,9 +200,9 @@ def test_ddp_options_and_sync_batchnorm_are_accepted():
 def test_bad_input_is_one_clear_error_naming_the_argument():
     model, data = small()
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)
-    with pytest.raises(ddtrain.DDTrainError, match=r"sync_every= is not read by strategy 'ddp' \(only by hybrid, local-sgd\)"):
+    with pytest.raises(ddtrain.DDTrainError, match=r"sync_every is read only by hybrid, local-sgd, not by strategy 'ddp'"):
         ddtrain.prepare(model, sgd, strategy="ddp", sync_every=4)
-    with pytest.raises(ddtrain.DDTrainError, match=r"servers= is not read by strategy 'local-sgd'"):
+    with pytest.raises(ddtrain.DDTrainError, match=r"servers is read only by ps-sync, ps-async, not by strategy 'local-sgd'"):
         ddtrain.prepare(model, sgd, strategy="local-sgd", servers=2)
     with pytest.raises(ddtrain.DDTrainError, match=r"unknown option bucket_size="):
         ddtrain.prepare(model, sgd, bucket_size=2)
@@ -215,5 +215,6 @@ def test_bad_input_is_one_clear_error_naming_the_argument():
     batches = DataLoader(data, batch_sampler=[[0, 1], [2, 3]])
     with pytest.raises(ddtrain.DDTrainError, match=r"loader.batch_sampler is a custom batch sampler"):
         ddtrain.prepare(model, sgd, batches)
-    with pytest.raises(ddtrain.DDTrainError, match=r"sync_batchnorm=True is not supported with strategy 'local-sgd'"):
+    with pytest.raises(ddtrain.DDTrainError,
+                       match=r"sync_batchnorm is read only by ddp, ring, .*, hybrid, not by strategy 'local-sgd'"):
         ddtrain.prepare(model, sgd, strategy="local-sgd", sync_batchnorm=True)

@@ -48,3 +48,49 @@ def test_a_terminal_gets_a_tqdm_bar_and_a_disabled_bar_writes_nothing():
     off = ProgressBar(50, "Epoch 1/1", enabled=False, stream=quiet, plain_stream=quiet, every_s=0)
     off.update(10, "loss")
     assert quiet.getvalue() == ""
+
+
+def test_a_compile_is_said_before_it_and_left_out_of_rate_and_eta():
+    """Issue 30: a 240 s compiled first step made the ETA 3:14:05; the ETA now comes from the steady steps."""
+    clock, log = Clock(), io.StringIO()
+    bar = ProgressBar(351, "Epoch 1/3", stream=log, plain_stream=log, every_s=30, clock=clock)
+    bar.phase("compiling the model")
+    assert log.getvalue() == "Epoch 1/3: compiling the model... 0:00 so far\n"
+    bar._timer.cancel()                             # the repeat is tested with a real clock below
+    clock.now = 240.0
+    bar.update(1)                                   # the compiled first step ends after four minutes
+    for step in range(2, 160):
+        clock.now = 240.0 + (step - 1) * 0.25       # then 4 steps a second
+        bar.update(step)
+    bar.close()
+    lines = log.getvalue().splitlines()
+    assert lines[1:] == [
+        "Epoch 1/3: step 1/351 (0%) - 4:00 elapsed - first step 4:00 (compiling the model)",
+        # (351 - 121) / 4 steps/s = 57.5 s; with the compile in the rate (121 / 270 s) it was 8:33
+        "Epoch 1/3: step 121/351 (34%) - 4:30 elapsed - first step 4:00 (compiling the model) - 4.00 steps/s - ETA 0:58"]
+
+
+def test_the_waiting_line_repeats_until_the_first_step_ends():
+    import time
+    log = io.StringIO()
+    bar = ProgressBar(10, "Epoch 1/1", stream=log, plain_stream=log, every_s=0.05)
+    bar.phase("compiling the model")
+    time.sleep(0.3)
+    bar.update(1)
+    waiting = log.getvalue().count("compiling the model...")
+    time.sleep(0.2)
+    bar.close()
+    assert waiting >= 3 and log.getvalue().count("compiling the model...") == waiting   # stopped at the first step
+
+
+def test_a_terminal_bar_restarts_its_clock_after_the_first_step():
+    pytest.importorskip("tqdm")
+    clock, term = Clock(), Terminal()
+    bar = ProgressBar(100, "Epoch 1/1", stream=term, clock=clock)
+    bar.phase("compiling the model")
+    assert "compiling the model..." in term.getvalue()
+    bar.update(1)
+    assert bar.bar.n == 1 and "first step" in bar.bar.postfix
+    bar.update(50)
+    assert bar.bar.n == 50
+    bar.close()

@@ -6,6 +6,7 @@ import subprocess
 
 import pytest
 
+from ddtrain.config import record_settings
 from helpers import REPO, assert_one_clear_error, ddtrain
 
 RECIPE = str(REPO / "examples" / "recipes" / "cifar_resnet18.toml")
@@ -23,7 +24,7 @@ def test_the_resnet18_recipe_runs_on_two_workers_with_accumulation_and_tensorboa
                    "--out", str(tmp_path / "run.json"), timeout=300)
     assert done.returncode == 0, done.stderr
     record = json.loads((tmp_path / "run.json").read_text())
-    config = record["config"]
+    config = record_settings(record["config"])
     assert (config["batch_size"], config["grad_accum"], record["global_batch_size"]) == (8, 2, 32)  # 32 / (2 x 2)
     assert (config["weight_decay"], config["lr"], config["val_fraction"]) == (0.05, 0.002, 0.1)       # from the file
     assert sum(e["steps"] for e in record["epochs"]) == 6

@@ -46,7 +46,7 @@ class Progress:
 def run_cell(config, cell, argv: list[str], out: Path, progress: Progress, index: int, total_steps) -> dict:
     """Launch one cell, follow its output, enforce its deadline; returns {exit_code, wall_s, log}."""
     log_path = out / f"{cell.name}.log"
-    env = dict(os.environ, DDTRAIN_TIMEOUT_S=str(config.timeout_s), PYTHONUNBUFFERED="1")
+    env = dict(os.environ, DDTRAIN_TIMEOUT_S=str(config.train.dist.timeout), PYTHONUNBUFFERED="1")
     if "OMP_NUM_THREADS" in env and not os.environ.get("DDTRAIN_KEEP_OMP"):
         env.pop("OMP_NUM_THREADS")  # run_local sets cores // ranks per cell; an inherited value would win
     progress.cell(index, cell, "starting")

@@ -21,41 +21,32 @@ import os
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from ddtrain.bench.cells import Progress, loadavg, run_cell
 from ddtrain.bench.tables import fmt, render_table
+from ddtrain.config import AMP_MODES, TrainConfig
 from ddtrain.errors import DDTrainError, choice_error
 
+
+# What the matrix gives every cell unless told otherwise (``ScalingConfig.of``; the flags' defaults)
+BENCH_DEFAULTS = dict(data="synthetic:mnist", lr=0.01, val_fraction=0.0, steps=30, warmup_steps=5,
+                      monitor_system=True)
 
 
 @dataclass(kw_only=True)
 class ScalingConfig:
-    """The matrix and what every cell runs; checked before the first launch."""
+    """The matrix: its axes, over one ``TrainConfig`` every cell shares; checked before the first launch."""
 
-    model: str
-    data: str
-    strategies: list[str]
-    workers: list[int]
-    batch_sizes: list[int] = field(default_factory=lambda: [32])
-    loader_workers: list[int] = field(default_factory=lambda: [0])
-    amp: list[str] = field(default_factory=lambda: ["off"])
-    channels_last: bool = False
-    steps: int = 30                 # timed steps per cell (after the warm-up); 0 with epochs
-    epochs: int = 0                 # whole epochs per cell instead of steps
-    warmup_steps: int = 5
-    servers: int = 1                # ps-* strategies: parameter-server ranks added to the workers
-    lr: float = 0.01
-    seed: int = 0
-    model_args: list[str] = field(default_factory=list)
-    data_args: list[str] = field(default_factory=list)
-    sync_every: str = "1"
-    trace: bool = False
-    monitor: bool = True
-    monitor_every: float = 0.5
-    cell_timeout_s: float = 900.0
-    timeout_s: float = 300.0
+    train: TrainConfig              # every cell's settings; its steps are the timed ones (profile.warmup_steps run first)
+    strategies: list[str]           # axis: strategies (ps-*: train.sync.servers server ranks on top of the workers)
+    workers: list[int]              # axis: worker counts
+    batch_sizes: list[int] = field(default_factory=lambda: [32])   # axis: per-worker batch sizes
+    loader_workers: list[int] = field(default_factory=lambda: [0])   # axis: DataLoader processes per rank
+    amp: list[str] = field(default_factory=lambda: ["off"])   # axis: precisions
+    trace: bool = False             # also a Chrome trace per cell (cells/<cell>.trace.json)
+    cell_timeout_s: float = 900.0   # seconds one cell may take before it is stopped
     repeats: int = 1                # run the whole matrix this often, interleaved; report each cell's median
 
     def __post_init__(self):
@@ -67,18 +58,28 @@ class ScalingConfig:
         if not self.loader_workers or min(self.loader_workers) < 0:
             raise DDTrainError(f"--loader-workers must be integers >= 0, got {self.loader_workers}")
         for mode in self.amp:
-            if mode not in ("off", "bf16", "fp16"):
-                raise choice_error("--amp mode", mode, ("off", "bf16", "fp16"))
-        if (self.steps > 0) == (self.epochs > 0):
+            if mode not in AMP_MODES:
+                raise choice_error("--amp mode", mode, AMP_MODES)
+        if (self.train.steps > 0) == (self.train.epochs > 0):
             raise DDTrainError("give exactly one of --steps S (timed steps per cell) or --epochs E")
-        if self.steps < 0 or self.epochs < 0 or self.warmup_steps < 0:
-            raise DDTrainError("--steps, --epochs and --warmup-steps must be >= 0")
-        if self.servers < 1:
-            raise DDTrainError(f"--servers must be at least 1, got {self.servers}")
         if self.repeats < 1:
             raise DDTrainError(f"--repeats must be at least 1, got {self.repeats}")
-        if not (self.cell_timeout_s > 0 and self.timeout_s > 0 and self.monitor_every > 0):
-            raise DDTrainError("--cell-timeout, --timeout and --monitor-every must be positive")
+        if not self.cell_timeout_s > 0:
+            raise DDTrainError("--cell-timeout must be positive")
+
+    @classmethod
+    def of(cls, **values) -> ScalingConfig:
+        """The matrix's own fields by name, every other setting by its flat ``TrainConfig`` name (``BENCH_DEFAULTS``
+        fill the rest): ``ScalingConfig.of(model="mlp", strategies=["ddp"], workers=[1, 2], steps=20)``."""
+        own = {f.name for f in fields(cls)} - {"train"}
+        settings = {**BENCH_DEFAULTS, **({"steps": 0} if values.get("epochs") else {}),
+                    **{k: v for k, v in values.items() if k not in own}}
+        return cls(train=TrainConfig.from_flat(**settings), **{k: v for k, v in values.items() if k in own})
+
+    def as_dict(self) -> dict:
+        """Flat, as ``scaling.json`` records it: the shared settings by name, then the axes (``of`` reads it back)."""
+        axes = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "train"}
+        return {**self.train.flat(), **axes}
 
 
 @dataclass
@@ -107,16 +108,12 @@ def _ints(text: str, flag: str) -> list[int]:
         raise DDTrainError(f"{flag} takes comma-separated integers, got {text!r}") from None
 
 
-
-
-
-
 def plan(config: ScalingConfig) -> list[Cell]:
     """Every cell, in run order (a strategy's worker counts together, smallest first)."""
     from ddtrain.sync import strategy_spec
     cells = []
     for strategy in config.strategies:
-        extra = strategy_spec(strategy).extra_ranks(config.servers)
+        extra = strategy_spec(strategy).extra_ranks(config.train.sync.servers)
         for batch in config.batch_sizes:
             for loader in config.loader_workers:
                 for amp in config.amp:
@@ -126,16 +123,12 @@ def plan(config: ScalingConfig) -> list[Cell]:
 
 def check(config: ScalingConfig, cells: list[Cell]) -> int:
     """Names, data and sizes, once, before any launch; returns the number of training samples."""
-    from ddtrain.config import TrainConfig
     from ddtrain.sync import STRATEGIES
-    from ddtrain.config import parse_kv
     from ddtrain.training.build import load_and_build
     for name in config.strategies:
         if name not in STRATEGIES:
             raise choice_error("strategy", name, STRATEGIES)
-    train = TrainConfig(model=config.model, data=config.data, val_fraction=0.0, seed=config.seed,
-                        model_args=parse_kv(config.model_args, "--model-arg"),
-                        data_args=parse_kv(config.data_args, "--data-arg"))
+    train = config.train
     data, _ = load_and_build(train, meta=True)
     n = len(data.train)
     for cell in cells:
@@ -145,32 +138,28 @@ def check(config: ScalingConfig, cells: list[Cell]) -> int:
     return n
 
 
-def train_config(config: ScalingConfig, cell: Cell, out: Path):
-    """The ``TrainConfig`` of one cell: the matrix's settings, this cell's axes, and measurement on."""
-    from ddtrain.config import TrainConfig, parse_kv
-    total = config.warmup_steps + config.steps if config.steps else 0
-    return TrainConfig.from_flat(
-        model=config.model, data=config.data, strategy=cell.strategy, batch_size=cell.batch_size,
-        loader_workers=cell.loader_workers, amp=cell.amp, lr=config.lr, seed=config.seed, val_fraction=0.0,
-        servers=config.servers, sync_every=_int_or_word(config.sync_every), timeout=config.timeout_s,
-        out=str(out / f"{cell.name}.json"), profile=True, warmup_steps=config.warmup_steps, log_every=1,
-        steps=total, epochs=0 if total else config.epochs, channels_last=config.channels_last,
-        model_args=parse_kv(config.model_args, "--model-arg"), data_args=parse_kv(config.data_args, "--data-arg"),
-        monitor_system=config.monitor, monitor_every=config.monitor_every,
-        trace=str(out / f"{cell.name}.trace.json") if config.trace else None)
+def train_config(config: ScalingConfig, cell: Cell, out: Path) -> TrainConfig:
+    """The ``TrainConfig`` of one cell: the shared settings, this cell's axes, and measurement on."""
+    from ddtrain.sync import SyncOptions, strategy_spec
+    train, spec = config.train, strategy_spec(cell.strategy)
+    # the shared strategy options go to the cells whose strategy reads them
+    defaults = SyncOptions()
+    sync = replace(train.sync, **{f.name: getattr(defaults, f.name) for f in fields(SyncOptions)
+                                  if not spec.takes_option(f.name)})
+    timed = train.steps
+    return replace(
+        train, strategy=cell.strategy, amp=cell.amp, sync=sync, out=str(out / f"{cell.name}.json"), log_every=1,
+        steps=train.profile.warmup_steps + timed if timed else 0, epochs=0 if timed else train.epochs,
+        recipe=replace(train.recipe, batch_size=cell.batch_size),
+        data=replace(train.data, loader_workers=cell.loader_workers),
+        profile=replace(train.profile, profile=True,
+                        trace=str(out / f"{cell.name}.trace.json") if config.trace else None))
 
 
 def train_argv(config: ScalingConfig, cell: Cell, out: Path) -> list[str]:
     """``ddtrain train`` flags of one cell (``to_argv`` of its ``train_config``)."""
     from ddtrain.config import to_argv
     return ["train", *to_argv(train_config(config, cell, out))]
-
-
-def _int_or_word(text):
-    try:
-        return int(text)
-    except (TypeError, ValueError):
-        return text
 
 
 PARTS = ("data_s", "compute_s", "comm_wait_s", "optimizer_s")
@@ -247,7 +236,7 @@ def cell_row(config, cell, run: dict, record_path: Path, root: Path) -> dict:
         return row
     step = profile["step_time_s"]
     per_epoch = steps_per_epoch(record["sharding"]["samples_per_rank"], cell.batch_size)
-    if config.epochs:
+    if config.train.epochs:
         times = [e["time_s"] for e in record["epochs"]]
         epoch_s = statistics.median(times[1:] or times)
         kind = "measured" if len(times) > 1 else "measured, incl. warm-up"
@@ -408,15 +397,16 @@ def run_matrix(config: ScalingConfig, out: Path) -> int:
     n_train = check(config, cells)
     (out / "cells").mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    print(f"# ddtrain bench scaling: {config.model} on {config.data} ({n_train} training samples), "
-          f"{len(cells)} cells, {config.warmup_steps} warm-up + "
-          f"{f'{config.steps} timed steps' if config.steps else f'{config.epochs} epoch(s)'} each, "
+    train = config.train
+    print(f"# ddtrain bench scaling: {train.model} on {train.data.data} ({n_train} training samples), "
+          f"{len(cells)} cells, {train.profile.warmup_steps} warm-up + "
+          f"{f'{train.steps} timed steps' if train.steps else f'{train.epochs} epoch(s)'} each, "
           f"{os.cpu_count()} CPU cores", flush=True)
     runs = [replace(cell, repeat=k) for k in range(config.repeats) for cell in cells]
     progress, rows = Progress(len(runs)), []
     load_start = loadavg()
     for i, cell in enumerate(runs, 1):
-        total_steps = config.warmup_steps + config.steps if config.steps else None
+        total_steps = train.profile.warmup_steps + train.steps if train.steps else None
         run = run_cell(config, cell, train_argv(config, cell, out / "cells"), out / "cells", progress, i, total_steps)
         row = cell_row(config, cell, run, out / "cells" / f"{cell.name}.json", out)
         rows.append(row)
@@ -425,7 +415,7 @@ def run_matrix(config: ScalingConfig, out: Path) -> int:
         progress.cell(i, cell, f"{note}, {run['wall_s']:.0f} s", final=True)
     rows = pick_median(rows)
     finish_rows(rows)
-    result = {"kind": "ddtrain-bench-scaling", "config": asdict(config), "train_samples": n_train,
+    result = {"kind": "ddtrain-bench-scaling", "config": config.as_dict(), "train_samples": n_train,
               "cores": os.cpu_count(), "loadavg_1min": [load_start, loadavg()],
               "elapsed_s": time.perf_counter() - started, "cells": rows}
     warnings = load_warnings([(f"{r['strategy']} batch {r['batch_size']}", r["workers"], r.get("baseline_workers"),

@@ -26,6 +26,10 @@ COMMANDS: dict[tuple[str, ...], tuple[str, str]] = {
                                "sizes against the alpha-beta model (nccl-tests style)"),
     ("bench", "scaling"): ("ddtrain.cli.bench_scaling", "throughput, speed-up and step split of strategies x "
                            "workers (x batch, loader, amp), one launch per cell"),
+    ("bench", "data"): ("ddtrain.cli.bench_data", "the input pipeline alone (read, decode, augment, batch, copy to "
+                        "the device) in images/s: is a run data-bound?"),
+    ("data", "pack"): ("ddtrain.cli.data_pack", "pack an image folder into a few large checksummed shard files "
+                       "(pre-resized uint8 or JPEG) for --data packed:DIR"),
     ("report",): ("ddtrain.cli.report", "turn a results folder (train or bench) into report.md and a "
                   "self-contained report.html with plots"),
     ("cluster", "run"): ("ddtrain.cli.cluster_run", "run a ddtrain command on N emulated nodes (network "
@@ -78,8 +82,9 @@ def check_environment() -> None:
     if logs and not os.path.isdir(logs):
         raise DDTrainError(f"environment variable DDTRAIN_LOG_DIR={logs!r} is not a directory")
     backend = os.environ.get("DDTRAIN_BACKEND", "")
-    if backend not in ("", "gloo", "nccl"):
-        raise DDTrainError(f"environment variable DDTRAIN_BACKEND={backend!r}: valid: gloo, nccl")
+    from ddtrain.distributed.config import BACKENDS
+    if backend and backend not in BACKENDS:
+        raise DDTrainError(f"environment variable DDTRAIN_BACKEND={backend!r}: valid: {', '.join(BACKENDS)}")
 
 
 def _drop_stale_launch_variables(rest: list[str]) -> None:

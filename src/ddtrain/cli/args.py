@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import inspect
 import io
+import re
 import tokenize
 import typing
 
@@ -24,8 +25,22 @@ from ddtrain.errors import ConfigError
 
 
 def describe(error: ConfigError) -> str:
-    """A ConfigError as the command line says it: the flag, then the problem."""
-    return f"{error.flag or flag_name(error.field)} {error.problem}"
+    """A ConfigError as the command line says it: the flag, then the problem, fields named in it as flags too.
+
+    The library names fields (``global_batch_size 100 does not divide ... x grad_accum 2``); here
+    a field with an underscore in its name (no word of prose has one), or one the error ``mentions``,
+    reads as its flag, unless written as Python's ``name=value`` (a ``prepare()`` call's spelling).
+    """
+    flags, mentioned = _flag_fields(), set(error.mentions)
+    problem = re.sub(r"\b[a-z][a-z0-9]*(?:_[a-z0-9]+)*\b(?!=)",
+                     lambda m: flag_name(m.group()) if m.group() in flags and ("_" in m.group() or m.group() in mentioned)
+                     else m.group(), error.problem)
+    return f"{error.flag or flag_name(error.field)} {problem}"
+
+
+@functools.cache
+def _flag_fields() -> frozenset:
+    return frozenset(f.name for f, _ in fields_of(TrainConfig))
 
 
 @functools.cache

@@ -7,6 +7,7 @@ import torch
 from ddtrain.bench.collectives import (BENCH_OPS, DTYPES, BenchConfig, check_plot_available, link_lines,
                                        parse_sizes, render, run_bench, write_outputs)
 from ddtrain.distributed import launch, runtime
+from ddtrain.distributed.config import BACKENDS
 from ddtrain.errors import DDTrainError, choice_error
 
 
@@ -30,7 +31,7 @@ def add_arguments(parser) -> None:
                         help="skip the alpha-beta-gamma calibration (no predicted column)")
     parser.add_argument("--json", metavar="FILE", help="write every number as JSON to FILE")
     parser.add_argument("--plot", metavar="FILE", help="write a PNG of busbw (and predicted) against size")
-    parser.add_argument("--backend", choices=["auto", "gloo", "nccl"], default="auto",
+    parser.add_argument("--backend", choices=["auto", *BACKENDS], default="auto",
                         help="process-group backend; auto: NCCL when every local rank has a GPU, else Gloo")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds any one wait may take")
 

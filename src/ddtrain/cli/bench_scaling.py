@@ -4,6 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ddtrain.bench.scaling import ScalingConfig, _ints, run_matrix
+from ddtrain.config import parse_kv
 
 
 def add_arguments(p) -> None:
@@ -36,16 +37,19 @@ def add_arguments(p) -> None:
 
 
 def config_from_args(args) -> ScalingConfig:
-    return ScalingConfig(
-        model=args.model, data=args.data, strategies=[s.strip() for s in args.strategies.split(",") if s.strip()],
+    """The matrix's axes from their flags, every cell's shared settings as a TrainConfig (``ScalingConfig.of``)."""
+    sync_every = int(args.sync_every) if str(args.sync_every).isdigit() else args.sync_every
+    return ScalingConfig.of(
+        strategies=[s.strip() for s in args.strategies.split(",") if s.strip()],
         workers=_ints(args.workers, "--workers"), batch_sizes=_ints(args.batch_sizes, "--batch-sizes"),
         loader_workers=_ints(args.loader_workers, "--loader-workers"),
-        amp=[a.strip() for a in args.amp.split(",") if a.strip()], channels_last=args.channels_last,
+        amp=[a.strip() for a in args.amp.split(",") if a.strip()], trace=args.trace,
+        cell_timeout_s=args.cell_timeout, repeats=args.repeats,
+        model=args.model, model_args=parse_kv(args.model_arg, "--model-arg"), data=args.data,
+        data_args=parse_kv(args.data_arg, "--data-arg"), channels_last=args.channels_last,
         steps=(args.steps if args.steps is not None else (0 if args.epochs else 30)), epochs=args.epochs,
-        warmup_steps=args.warmup_steps, servers=args.servers, lr=args.lr, seed=args.seed,
-        model_args=args.model_arg, data_args=args.data_arg, sync_every=args.sync_every, trace=args.trace,
-        monitor=not args.no_monitor, monitor_every=args.monitor_every, cell_timeout_s=args.cell_timeout,
-        timeout_s=args.timeout, repeats=args.repeats)
+        warmup_steps=args.warmup_steps, servers=args.servers, sync_every=sync_every, lr=args.lr, seed=args.seed,
+        monitor_system=not args.no_monitor, monitor_every=args.monitor_every, timeout=args.timeout)
 
 
 def main(args) -> int:

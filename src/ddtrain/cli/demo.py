@@ -41,7 +41,7 @@ def main(args) -> int:
         path = out / f"workers{n}.json"
         print(f"# [{i}/{len(counts)}] training with {n} worker(s) ...", end=" ", flush=True)
         started = time.perf_counter()
-        config = TrainConfig(model="simple-cnn", data="digits", epochs=args.epochs, batch_size=args.batch_size,
+        config = TrainConfig.from_flat(model="simple-cnn", data="digits", epochs=args.epochs, batch_size=args.batch_size,
                              lr=0.05, momentum=0.9, strategy=args.strategy, quiet=True, out=str(path))
         code = launch.run_local(n, ["train", *to_argv(config)])
         if code != 0:

@@ -20,6 +20,8 @@ import argparse
 import os
 import sys
 
+from ddtrain.distributed.config import BACKENDS
+
 SCRIPT_MODULE = "ddtrain.cli.run"     # what each worker runs: ``python -m ddtrain.cli.run script.py ARGS``
 
 
@@ -48,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "G / WORLD_SIZE; only sizes dividing G are run (with MIN:MAX the others are skipped)")
     p.add_argument("--strategy", default=None,
                    help="the default strategy of ddtrain.prepare in the script (DDTRAIN_STRATEGY)")
-    p.add_argument("--backend", choices=["gloo", "nccl"], default=None,
+    p.add_argument("--backend", choices=list(BACKENDS), default=None,
                    help="process group backend (DDTRAIN_BACKEND; default: NCCL when every worker has a GPU)")
     p.add_argument("--timeout", type=float, default=None,
                    help="seconds any rank waits on another before failing (DDTRAIN_TIMEOUT_S; default 300)")

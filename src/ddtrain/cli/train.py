@@ -14,7 +14,8 @@ import sys
 import time
 
 from ddtrain.cli.args import add_dataclass_arguments, config_from_args, reparse_with_defaults
-from ddtrain.config import read_config_file, read_record_config, to_argv
+from ddtrain.cli.config_files import read_config_file, read_record_config
+from ddtrain.config import to_argv
 from ddtrain.distributed import launch, runtime
 from ddtrain.distributed.config import size_range
 from ddtrain.distributed.env import check_nproc
@@ -89,8 +90,8 @@ def launch_spec(config, min_nproc: int, nproc: int, servers: int) -> LaunchSpec:
     """The launch ``config`` asks for, with ``min_nproc..nproc`` workers here (``--nproc MIN:MAX``)."""
     return LaunchSpec(nproc=nproc, min_nproc=min_nproc, dist=config.dist,
                       max_restarts=config.reliability.max_restarts, checkpoint_dir=config.reliability.checkpoint_dir,
-                      resume=config.reliability.resume, global_batch_size=config.global_batch_size,
-                      grad_accum=config.grad_accum, strategy=config.strategy, server_ranks=servers)
+                      resume=config.reliability.resume, global_batch_size=config.recipe.global_batch_size,
+                      grad_accum=config.recipe.grad_accum, strategy=config.strategy, server_ranks=servers)
 
 
 def shares_global_batch(config):
@@ -99,11 +100,10 @@ def shares_global_batch(config):
     The recipe decides (a resume may re-choose ``--grad-accum`` where ``--grad-accum`` does not fit).
     """
     from ddtrain.errors import ConfigError
-    from ddtrain.training import recipe
 
     def fits(workers: int, resuming: bool) -> bool:
         try:
-            recipe.resolve(config, workers, resuming=resuming)
+            config.resolved(workers, resuming=resuming)
         except ConfigError:
             return False
         return True

@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch.utils.data import Dataset, Subset
 
-from ddtrain.errors import DDTrainError, choice_error
+from ddtrain.errors import ConfigError, DDTrainError, choice_error
 from ddtrain.data.arrays import ArrayDataset  # noqa: F401  (re-exported: ddtrain.data.ArrayDataset)
 from ddtrain.data.cifar10 import load_cifar10
 from ddtrain.data.digits import load_digits
@@ -21,6 +21,7 @@ from ddtrain.data.imagefolder import load_imagefolder
 from ddtrain.data.mnist import load_mnist
 from ddtrain.data.nifti import load_nifti
 from ddtrain.data.npz import load_npz
+from ddtrain.data.packed import load_packed
 from ddtrain.data.synthetic import load_synthetic
 
 DATASETS: dict[str, Callable[..., Dataset]] = {
@@ -29,11 +30,12 @@ DATASETS: dict[str, Callable[..., Dataset]] = {
     "npz": load_npz,
     "cifar10": load_cifar10,
     "imagefolder": load_imagefolder,
+    "packed": load_packed,
     "nifti": load_nifti,
     "synthetic": load_synthetic,
 }
-NEEDS_ARG = {"mnist": "DIR", "npz": "FILE", "cifar10": "DIR", "imagefolder": "DIR", "nifti": "DIR",
-             "synthetic": "NAME"}
+NEEDS_ARG = {"mnist": "DIR", "npz": "FILE", "cifar10": "DIR", "imagefolder": "DIR", "packed": "DIR",
+             "nifti": "DIR", "synthetic": "NAME"}
 
 
 @dataclass
@@ -61,7 +63,7 @@ def parse_spec(spec: str) -> tuple[str, str | None]:
 def load_dataset(spec: str, *, val_fraction: float = 0.2, seed: int = 0, **options) -> Data:
     """Load ``spec`` and split off ``val_fraction`` of it (a fixed, seeded choice) for validation."""
     if not 0.0 <= val_fraction < 1.0:
-        raise DDTrainError(f"--val-fraction must be in [0, 1), got {val_fraction}")
+        raise ConfigError("val_fraction", f"must be in [0, 1), got {val_fraction}")
     fmt, arg = parse_spec(spec)
     loader = DATASETS[fmt]
     full = loader(arg, **options) if fmt in NEEDS_ARG or arg else loader(**options)
@@ -79,7 +81,7 @@ def load_dataset(spec: str, *, val_fraction: float = 0.2, seed: int = 0, **optio
 
 
 def _subset(ds: Dataset, idx: torch.Tensor) -> Dataset:
-    if hasattr(ds, "select"):  # ArrayDataset, BatchDataset, ImageFolderDataset: stay lazy and batchable
+    if hasattr(ds, "select"):  # ArrayDataset, BatchDataset, ImageDataset: stay lazy and batchable
         return ds.select(idx)
     sub = Subset(ds, idx.tolist())
     for attr in ("num_classes", "sample_shape", "task"):

@@ -1,4 +1,4 @@
-"""ImageNet-style class folders (``DIR/<class>/<image>``), decoded with Pillow one sample at a time.
+"""ImageNet-style class folders (``DIR/<class>/<image>``).
 
 Classes are the sub-folder names in sorted order (index 0 is the first), as torchvision's
 ImageFolder numbers them, so labels agree with models trained elsewhere. If DIR holds
@@ -6,25 +6,26 @@ ImageFolder numbers them, so labels agree with models trained elsewhere. If DIR 
 
 Training samples get the standard augmentation (random-resized-crop to ``size``, scale
 0.08..1 and aspect 3/4..4/3, then a horizontal flip half the time); evaluation samples are
-resized so the short side is size/0.875 (256 for 224) and centre-cropped. Crop and resize
-are one Pillow ``resize(box=...)`` call (one resampling, antialiased). The validation view
-that ``load_dataset`` splits off gets the evaluation transform (``eval_view``).
-Randomness comes from torch's global generator, which DataLoader seeds per worker.
+resized so the short side is size/0.875 (256 for 224) and centre-cropped. The validation view
+that ``load_dataset`` splits off gets the evaluation transform (``eval_view``). Decoding and
+augmentation run per sample with Pillow in the loader processes, or per batch on the training
+GPU (nvjpeg and batched tensor ops): ``ddtrain.data.images`` says which, and what happens to
+files that cannot be decoded. Empty files are skipped at the scan (reported once, counted).
 """
 from __future__ import annotations
 
 import errno
 import os
 import stat
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import torch
-from torch.utils.data import Dataset
 
+from ddtrain.data.decode import SKIPPED, BadImage, Problem, decode_pillow
+from ddtrain.data.images import ImageDataset, pipeline_option
+from ddtrain.data.transforms import bool_option, int_option
 from ddtrain.errors import DDTrainError
-from ddtrain.data.transforms import bool_option, center_crop_box, int_option, normalize_, random_resized_crop_box
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
 
@@ -37,15 +38,16 @@ def _pillow():
     return Image
 
 
-def scan(root: Path) -> tuple[list[str], list[str], np.ndarray]:
+def scan(root: Path, empty: list | None = None) -> tuple[list[str], list[str], np.ndarray]:
     """(class names, image paths relative to root, labels) of a class-folder tree.
 
     The walk follows no directory symlink: one leading out of the data folder, back up into a
     folder that contains it (a loop) or into another folder of the tree (images counted twice,
     or under another class) is refused, naming the link. Every file with an image extension
-    must be a regular, non-empty file: FIFOs, devices and sockets are refused here, never
-    opened (reading a FIFO blocks forever), and so are empty files and symlinks that lead nowhere.
-    Costs one ``stat`` per image, no decoding.
+    must be a regular file: FIFOs, devices and sockets are refused here, never opened (reading a
+    FIFO blocks forever), and so are symlinks that lead nowhere. Empty (0-byte) image files are
+    left out and their paths appended to ``empty`` (the caller reports them). Costs one ``stat``
+    per image, no decoding.
     """
     top = os.path.realpath(root)
     classes = []
@@ -62,7 +64,7 @@ def scan(root: Path) -> tuple[list[str], list[str], np.ndarray]:
         raise DDTrainError(f"imagefolder: {root} has no class sub-folders (expected {root}/<class>/<image>.jpg)")
     files, labels = [], []
     for label, name in enumerate(classes):
-        found = sorted(os.path.join(name, path) for path in _images(os.path.join(root, name), top))
+        found = sorted(os.path.join(name, path) for path in _images(os.path.join(root, name), top, empty))
         if not found:
             raise DDTrainError(f"imagefolder: class folder {root / name} holds no images ({', '.join(EXTENSIONS)})")
         files += found
@@ -70,7 +72,7 @@ def scan(root: Path) -> tuple[list[str], list[str], np.ndarray]:
     return classes, files, np.asarray(labels, dtype=np.int64)
 
 
-def _images(folder: str, top: str) -> list[str]:
+def _images(folder: str, top: str, empty: list | None) -> list[str]:
     """Image paths under ``folder``, relative to it; directory symlinks are refused, not followed."""
     found, pending = [], [folder]
     while pending:
@@ -97,8 +99,9 @@ def _images(folder: str, top: str) -> list[str]:
                                        f"remove it from the data folder (ddtrain does not open it: reading a FIFO "
                                        f"or a device can block forever)")
                 if info.st_size == 0:
-                    raise DDTrainError(f"imagefolder: {entry.path} is empty (0 bytes), not an image; remove it "
-                                       f"or replace it with the real image")
+                    if empty is not None:
+                        empty.append(entry.path)
+                    continue
                 found.append(os.path.relpath(entry.path, folder))
     return found
 
@@ -141,75 +144,42 @@ def _kind(mode: int) -> str:
 
 
 @dataclass
-class ImageFolderDataset(Dataset):
-    """Paths and labels in memory; pixels decoded per ``__getitem__``."""
+class ImageFolderDataset(ImageDataset):
+    """Paths and labels in memory; a sample's bytes read from its file when it is used."""
 
-    root: Path
-    classes: list[str]
-    files: list[str]
-    labels: np.ndarray
-    size: int = 224
-    train: bool = True
-    normalize: bool = True
+    root: Path = Path(".")
+    files: list[str] = field(default_factory=list)
 
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
+    def read(self, i: int) -> bytearray:
+        """The file's bytes (a bytearray: writable, so torch takes it without a copy)."""
+        with open(self.root / self.files[i], "rb") as f:
+            data = bytearray(os.fstat(f.fileno()).st_size)
+            got = f.readinto(data)
+        return data if got == len(data) else data[:got]
 
-    @property
-    def sample_shape(self) -> tuple[int, int, int]:
-        return (3, self.size, self.size)
+    def name(self, i: int) -> str:
+        return str(self.root / self.files[i])
 
-    task = "classification"
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, i):
-        path = self.root / self.files[i]
-        image = decode(path)
-        if self.train:
-            box = random_resized_crop_box(*image.size)
-            image = image.resize((self.size, self.size), _pillow().BILINEAR, box=box)
-            flip = bool(torch.rand(()) < 0.5)
-        else:
-            box = center_crop_box(*image.size, self.size)
-            image = image.resize((self.size, self.size), _pillow().BILINEAR, box=box)
-            flip = False
-        pixels = np.asarray(image, dtype=np.uint8)
-        if flip:
-            pixels = pixels[:, ::-1]
-        x = torch.from_numpy(np.ascontiguousarray(pixels.transpose(2, 0, 1))).float().div_(255)
-        if self.normalize:
-            normalize_(x)
-        return x, int(self.labels[i])
-
-    def select(self, idx) -> ImageFolderDataset:
-        idx = np.asarray(torch.as_tensor(idx).cpu(), dtype=np.int64)
-        return replace(self, files=[self.files[j] for j in idx], labels=self.labels[idx])
-
-    def eval_view(self) -> ImageFolderDataset:
-        """The same images with the evaluation transform (resize + centre crop, no flip)."""
-        return replace(self, train=False)
+    def _take(self, idx: np.ndarray) -> dict:
+        return {"files": [self.files[j] for j in idx]}
 
 
 def decode(path: Path):
     """Open and fully decode one image as RGB, or raise one DDTrainError naming the file."""
-    Image = _pillow()
     try:
-        with Image.open(path) as image:
-            return image.convert("RGB")
-    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as exc:
-        raise DDTrainError(f"{path}: unreadable image ({exc})") from None
+        return decode_pillow(Path(path).read_bytes())
+    except BadImage as exc:
+        raise DDTrainError(f"{path}: {exc}") from None
 
 
-def load_imagefolder(path: str, *, size=224, split: str = "auto", augment=True, normalize=True):
+def load_imagefolder(path: str, *, size=224, split: str = "auto", augment=True, normalize=True, pipeline="auto"):
     """``imagefolder:DIR`` with options:
 
     size       side of the square images the model sees (default 224)
     split      auto (DIR/train if it exists, else DIR), train, val, or any sub-folder name
     augment    random-resized-crop + flip for training samples (false: eval transform for all)
     normalize  subtract ImageNet's channel means and divide by its stds (default true)
+    pipeline   auto, gpu or cpu: where images are decoded and augmented (ddtrain.data.images)
     """
     _pillow()
     root = Path(path)
@@ -222,8 +192,11 @@ def load_imagefolder(path: str, *, size=224, split: str = "auto", augment=True, 
         if not (root / split).is_dir():
             raise DDTrainError(f"imagefolder: {root} has no {split}/ sub-folder for split={split!r}")
         root = root / split
-    classes, files, labels = scan(root)
-    return ImageFolderDataset(root, classes, files, labels,
+    empty: list[str] = []
+    classes, files, labels = scan(root, empty)
+    return ImageFolderDataset(classes=classes, labels=labels, root=root, files=files,
                               size=int_option("size", size, minimum=8, fmt="imagefolder"),
                               train=bool_option("augment", augment, fmt="imagefolder"),
-                              normalize=bool_option("normalize", normalize, fmt="imagefolder"))
+                              normalize=bool_option("normalize", normalize, fmt="imagefolder"),
+                              pipeline=pipeline_option(pipeline, "imagefolder"),
+                              scan_problems=[Problem(p, "empty file (0 bytes)", SKIPPED) for p in empty])

@@ -1,8 +1,11 @@
 """Batches of one rank's shard, already on the training device.
 
 In-memory ``ArrayDataset``s are gathered a whole batch at a time (optionally from a copy
-resident on the GPU, so a step never waits on the host); other datasets go through a
-``torch.utils.data.DataLoader`` with worker processes, pinned memory and prefetch.
+resident on the GPU, so a step never waits on the host); image datasets take their batched
+pipeline on the GPU (``ImageDataset.batch_pipeline``: decode and augmentation on the device,
+one batch ahead) or travel as uint8 and are normalised on the device; other datasets go
+through a ``torch.utils.data.DataLoader`` with worker processes, pinned memory and prefetch.
+Image files that cannot be decoded are reported once and counted in ``ShardLoader.problems``.
 
 The GPU-resident path copies an in-memory dataset to the GPU once, and computes a synthetic
 (lazy) dataset there once when it takes at most ``DEVICE_SHARE`` of the GPU's free memory
@@ -19,8 +22,9 @@ import threading
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from ddtrain.errors import DDTrainError
+from ddtrain.errors import ConfigError, DDTrainError
 from ddtrain.data.arrays import ArrayDataset
+from ddtrain.data.images import ImageDataset, ProblemLog
 from ddtrain.data.sharding import ShardSampler
 
 DEVICE_SHARE = 0.4      # a lazy dataset is materialised on the GPU up to this share of free memory
@@ -38,13 +42,13 @@ class ShardLoader:
     """Iterate this rank's batches for the current epoch (``set_epoch`` reshuffles)."""
 
     def __init__(self, dataset: Dataset, sampler: ShardSampler, batch_size: int, device: torch.device, *,
-                 workers: int = 0, on_device: bool = False, channels_last: bool = False, collate_fn=None):
+                 workers: int = 0, on_device: bool = False, channels_last: bool = False, collate_fn=None,
+                 problems: ProblemLog | None = None, uint8: bool = False):
         if batch_size < 1:
             raise DDTrainError(f"batch size must be at least 1, got {batch_size}")
         if batch_size > len(sampler):
-            raise DDTrainError(f"batch size {batch_size} is larger than a rank's shard "
-                               f"({len(sampler)} samples on each of {sampler.world} ranks); "
-                               f"use a smaller --batch-size or fewer ranks")
+            raise ConfigError("batch_size", f"{batch_size} is larger than a rank's shard ({len(sampler)} samples on each "
+                                            f"of {sampler.world} ranks); use a smaller batch_size or fewer ranks")
         self.dataset, self.sampler, self.batch_size, self.device = dataset, sampler, batch_size, device
         self.channels_last = channels_last
         self.steps = steps_per_epoch(len(sampler), batch_size)
@@ -55,6 +59,21 @@ class ShardLoader:
             self.dataset = to_device(dataset, device, channels_last)
         self.pin = device.type == "cuda"
         self.workers, self.collate_fn = workers, collate_fn
+        self.problems = problems if problems is not None else ProblemLog()
+        self.images = isinstance(dataset, ImageDataset) and collate_fn is None
+        self.pipeline = dataset.batch_pipeline(device, workers) if self.images else None
+        # uint8: the CPU path's batches as they reach the device, not yet made float (ddtrain bench data --uint8:
+        # what the CPU does for a GPU run, measured on a machine without one)
+        self.uint8 = uint8 and self.images and self.pipeline is None
+
+    def describe(self) -> dict:
+        """How batches are made (the results record's ``data_pipeline``)."""
+        if self.pipeline is not None:
+            return self.pipeline.describe()
+        if self.images:
+            return {**self.dataset.describe(torch.device("cpu"), self.workers), "loader_workers": self.workers}
+        how = "gathered a batch at a time" if self.fast else "DataLoader"
+        return {"pipeline": how, "loader_workers": self.workers}
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -123,6 +142,22 @@ class ShardLoader:
         return x, y
 
     def __iter__(self):
+        if self.pipeline is not None:
+            for x, y, problems in self.pipeline.batches(self._batches()):
+                self.problems.add(problems)
+                yield self._place(x, y)
+            return
+        if self.images:   # uint8 samples to the device, made float there (on the CPU: in the loader processes)
+            on_cpu = self.device.type == "cpu" and not self.uint8
+            collate = _Collate(self.dataset, on_cpu, self.channels_last)
+            loader = DataLoader(_Samples(self.dataset), batch_sampler=[b.tolist() for b in self._batches()],
+                                num_workers=self.workers, pin_memory=self.pin, collate_fn=collate,
+                                persistent_workers=False, prefetch_factor=4 if self.workers else None)
+            for x, y, problems in loader:
+                self.problems.add(problems)
+                x, y = self._place(x, y)
+                yield (x if on_cpu or self.uint8 else self.dataset.finish(x, self.channels_last)), y
+            return
         if self.fast:
             on = self.dataset.x.device if isinstance(self.dataset, ArrayDataset) else self.dataset.device
             if self.pin and on.type == "cpu":
@@ -136,6 +171,29 @@ class ShardLoader:
                             persistent_workers=False, prefetch_factor=4 if self.workers else None)
         for x, y in loader:
             yield self._place(x, y)
+
+
+class _Samples(Dataset):
+    """An image dataset's CPU-path samples (uint8, or a ``Problem`` in place of a bad file)."""
+
+    def __init__(self, dataset: ImageDataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, i):
+        return self.dataset.sample(i)
+
+
+class _Collate:
+    """The image dataset's collate, picklable for loader processes started by spawn or forkserver."""
+
+    def __init__(self, dataset: ImageDataset, finish: bool, channels_last: bool):
+        self.dataset, self.finish, self.channels_last = dataset, finish, channels_last
+
+    def __call__(self, samples):
+        return self.dataset.collate(samples, finish=self.finish, channels_last=self.channels_last)
 
 
 class _CopyAhead:

@@ -19,13 +19,15 @@ the largest shard); shorter shards wrap around to their own first samples ("pad"
 from __future__ import annotations
 
 import math
+import typing
 
 import torch
 from torch.utils.data import Sampler
 
 from ddtrain.errors import DDTrainError
 
-POLICIES = ("balanced", "contiguous")
+Sharding = typing.Literal["balanced", "contiguous"]   # the policies (--sharding's choices)
+POLICIES = typing.get_args(Sharding)
 
 
 def contiguous_sizes(n: int, world: int) -> list[int]:

@@ -122,14 +122,6 @@ def random_resized_crop_box(width: int, height: int, generator: torch.Generator 
     return left, top, left + w, top + h
 
 
-def center_crop_box(width: int, height: int, size: int,
-                    fraction: float = EVAL_CROP_FRACTION) -> tuple[float, float, float, float]:
-    """The box that "resize the short side to size/fraction, then centre-crop size" keeps."""
-    side = min(width, height) * fraction
-    left, top = (width - side) / 2, (height - side) / 2
-    return left, top, left + side, top + side
-
-
 def normalize_(x: torch.Tensor, mean=IMAGENET_MEAN, std=IMAGENET_STD) -> torch.Tensor:
     """Subtract the per-channel mean and divide by the std, in place, for (C, H, W) or (N, C, H, W)."""
     shape = (-1, 1, 1)

@@ -3,15 +3,18 @@ from __future__ import annotations
 
 import math
 import os
+import typing
 from dataclasses import dataclass
 from typing import Literal
 
-from ddtrain.errors import ConfigError
+from ddtrain.errors import ConfigError, check_choices
 
 # 300 s: long enough for a slow first NCCL connect or a big checkpoint gather on shared disks,
 # short enough that a dead peer is reported within minutes.
 DEFAULT_TIMEOUT_S = 300.0
 TIMEOUT_ENV = "DDTRAIN_TIMEOUT_S"   # the default for library users who never build a DistConfig
+Backend = Literal["gloo", "nccl"]   # the process-group backends (--backend's choices, DDTRAIN_BACKEND's values)
+BACKENDS = typing.get_args(Backend)
 
 
 def default_timeout_s() -> float:
@@ -52,7 +55,7 @@ def size_range(value, field: str, flag: str | None = None) -> tuple[int, int]:
 class DistConfig:
     """Process group settings."""
 
-    backend: Literal["gloo", "nccl"] | None = None   # override the backend choice (NCCL when every local rank has a GPU)
+    backend: Backend | None = None   # override the backend choice (NCCL when every local rank has a GPU)
     timeout: float = DEFAULT_TIMEOUT_S                   # seconds any rank waits on another before failing
     nnodes: int | str = 1                          # nodes of a multi-node launch (run the same command on each), or MIN:MAX for an elastic job that goes on with MIN..MAX nodes (needs --max-restarts)
     node_rank: int = 0                                   # this node's index, 0..nnodes-1 (without restarts; with --max-restarts the rendezvous assigns it)
@@ -60,14 +63,13 @@ class DistConfig:
     skip_doctor: bool = False                            # skip comparing Python/torch/CUDA/NCCL across nodes at the start of a multi-node job
 
     def __post_init__(self):
-        if self.backend not in (None, "gloo", "nccl"):
-            raise ConfigError("backend", f"{self.backend!r} is not one of: gloo, nccl")
+        check_choices(self)
         if not isinstance(self.timeout, (int, float)) or not (self.timeout > 0 and math.isfinite(self.timeout)):
             raise ConfigError("timeout", f"must be a positive number of seconds, got {self.timeout!r}")
         least, most = size_range(self.nnodes, "nnodes")
         if not isinstance(self.node_rank, int) or not 0 <= self.node_rank < most:
-            raise ConfigError("node_rank", f"must be in 0..{most - 1} for --nnodes {self.nnodes}, "
-                                           f"got {self.node_rank!r}")
+            raise ConfigError("node_rank", f"must be in 0..{most - 1} for nnodes {self.nnodes}, got {self.node_rank!r}",
+                              mentions=("nnodes",))
         if most > 1:
             host, _, port = (self.rdzv_endpoint or "").rpartition(":")
             if not host or not port.isdigit() or not 0 < int(port) < 65536:

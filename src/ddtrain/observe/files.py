@@ -63,21 +63,22 @@ def _fsync(path) -> None:
         os.close(fd)
 
 
-def check_writable(path, flag: str) -> None:
-    """Raise DDTrainError unless ``path`` can be created: its nearest existing parent is a writable directory."""
+def check_writable(path, field: str) -> None:
+    """ConfigError naming setting ``field`` unless ``path`` can be created: its nearest existing parent is a
+    writable directory."""
     if not path:
         return
-    from ddtrain.errors import DDTrainError
+    from ddtrain.errors import ConfigError
     target = Path(path)
     if target.is_dir():
-        raise DDTrainError(f"{flag} '{path}' is a directory; give a file name")
+        raise ConfigError(field, f"'{path}' is a directory; give a file name")
     parent = target.parent
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     if not parent.is_dir():
-        raise DDTrainError(f"{flag} '{path}': {parent} is not a directory")
+        raise ConfigError(field, f"'{path}': {parent} is not a directory")
     if not os.access(parent, os.W_OK | os.X_OK):
-        raise DDTrainError(f"{flag} '{path}': cannot write in {parent}")
+        raise ConfigError(field, f"'{path}': cannot write in {parent}")
 
 
 def write_json(path, data: dict, *, what: str = "the results record") -> Path:

@@ -4,7 +4,8 @@
 callback to ``fit``; ``ddtrain bench scaling`` turns it on for every cell. It adds to the
 results record before ``fit`` writes it:
 
-* ``profile``: per rank, the mean seconds per timed step (steps after ``--warmup-steps``) of
+* ``profile``: per rank, the mean seconds per timed step (the steady steps: warm-up left out,
+  ``warmup_rule`` below) of
   ``data_s`` (waiting for the batch, plus the loop's per-step bookkeeping), ``compute_s``
   (forward+backward), ``comm_wait_s`` (blocked on communication), ``optimizer_s``, and
   ``other_s`` (in-loop work after the last step of an epoch: replica checks, checkpoints), next
@@ -12,6 +13,21 @@ results record before ``fit`` writes it:
   the step the four named parts explain;
 * ``monitor`` (``--monitor-system``): ``ddtrain.observe.monitor`` samples of every rank on one time axis;
 * ``--trace FILE``: the Chrome trace of ``ddtrain.observe.timeline``, and a straggler line.
+
+Which steps are warm-up (``--profile-warmup-steps auto``, the default; a number N leaves out the
+first N steps instead), from each step's wall time on this rank:
+
+1. the run's first step, always: it holds what happens once (CUDA context, cuDNN's algorithm
+   choice, the allocator's first blocks, the loader processes' start, and under ``--compile``
+   torch.compile's tracing and compiling, minutes for ResNet-50);
+2. the steps after it, as long as each is more than ``WARM_FACTOR`` times the median of the steps
+   that follow it (a warm-up that lasts: CUDA-graph recording in the second and third calls,
+   lazy initialisation in the optimizer's first steps);
+3. under ``--compile`` only, any later step more than ``RECOMPILE_FACTOR`` times the median of
+   the steps kept: a recompilation (a new batch shape, such as an epoch's shorter last batch).
+
+The record lists the steps left out and why (``left_out``); the first step's time is kept
+apart (``first_step_s``), so compile time is reported, not averaged into the steady split.
 
 The step's spans are the loop's own clock readings, handed to ``on_step_end`` in its logs.
 How the communication wait is found (docs/PERFORMANCE.md, "Step split"): a hook on every
@@ -34,6 +50,38 @@ from ddtrain.observe.step_split import split_steps
 from ddtrain.observe.timeline import chrome_trace, estimate_offsets, straggler_summary
 
 PARTS = ("data_s", "compute_s", "comm_wait_s", "optimizer_s")
+WARM_FACTOR = 3.0        # a leading step this many times the median of the later ones is still warm-up
+RECOMPILE_FACTOR = 10.0  # under --compile, a later step this many times the median is a recompilation
+DATA_BOUND_SHARE = 0.2   # a data wait above this share of the step is named in the summary line
+
+
+def warmup(step_s: list[float], compiled: bool) -> tuple[int, list[int], list[str]]:
+    """(leading warm-up steps, positions of later recompilations, the reasons) for these step times.
+
+    The rule of the module docstring; positions index ``step_s``.
+    """
+    import statistics
+    n = len(step_s)
+    if n < 2:
+        return 0, [], []
+    warm, why = 1, ["the first step (one-time start-up" + (", torch.compile's compile)" if compiled else ")")]
+    while warm < n - 1 and step_s[warm] > WARM_FACTOR * statistics.median(step_s[warm + 1:]):
+        warm += 1
+    if warm > 1:
+        why.append(f"{warm - 1} more leading step(s) over {WARM_FACTOR:g}x the median of the steps after them")
+    later = recompilations(step_s, warm, compiled)
+    if later:
+        why.append(f"{len(later)} later step(s) over {RECOMPILE_FACTOR:g}x the median: recompilations")
+    return warm, later, why
+
+
+def recompilations(step_s: list[float], warm: int, compiled: bool) -> list[int]:
+    """Positions after the ``warm`` first steps of a compiled run's steps over RECOMPILE_FACTOR x their median."""
+    import statistics
+    if not compiled or len(step_s) - warm <= 2:
+        return []
+    typical = statistics.median(step_s[warm:])
+    return [i for i in range(warm, len(step_s)) if step_s[i] > RECOMPILE_FACTOR * typical]
 
 
 def callbacks(config) -> list:
@@ -51,7 +99,7 @@ class Profiler:
     below training).
     """
 
-    def __init__(self, *, trace_path=None, monitor=False, interval_s=0.5, warmup_steps=0):
+    def __init__(self, *, trace_path=None, monitor=False, interval_s=0.5, warmup_steps="auto"):
         self.trace_path, self.monitor_on, self.interval_s = trace_path, monitor, interval_s
         self.warmup_steps = warmup_steps
         self.monitor = None
@@ -66,7 +114,8 @@ class Profiler:
     # -- recording (cheap: a clock read and an append) --------------------------------
     def on_train_begin(self, state):
         self.synced = state.strategy
-        self.batch_size = state.config.batch_size
+        self.batch_size = state.config.recipe.batch_size
+        self.compiled = bool(getattr(state.config, "compile", False))
         self.gradient_bytes = sum(p.numel() * p.element_size() for p in state.model.parameters() if p.requires_grad)
         self.clock = estimate_offsets()
         self.origin_s = time.perf_counter()
@@ -155,11 +204,26 @@ class Profiler:
         steps = self._steps()
         blocking = [(s[1], s[2]) for s in self._spans if s[6] in self._threads]
         split = split_steps(steps, blocking)
-        warm = min(self.warmup_steps, max(len(split) - 1, 0))
-        timed = split[warm:]
+        if self.warmup_steps == "auto":
+            warm, later, rule = warmup([s["step_s"] for s in split], getattr(self, "compiled", False))
+        else:
+            warm = min(int(self.warmup_steps), max(len(split) - 1, 0))
+            rule = [f"the first {warm} step(s) (--profile-warmup-steps {self.warmup_steps})"] if warm else []
+            # a recompilation later in the run (a batch of another size: the epoch's short last one)
+            # is left out whatever the warm-up count: one took 45 s of a 40-step window and made a
+            # 38 ms step read 1,266 ms on an H200 (results/gpu_input/run1.json)
+            later = recompilations([s["step_s"] for s in split], warm, getattr(self, "compiled", False))
+            if later:
+                rule.append(f"{len(later)} later step(s) over {RECOMPILE_FACTOR:g}x the median: recompilations")
+        left_out = set(later)
+        timed = [s for i, s in enumerate(split) if i >= warm and i not in left_out]
         mean = {k: (sum(s[k] for s in timed) / len(timed) if timed else None) for k in (*PARTS, "other_s", "step_s")}
         parts = sum(mean[k] for k in PARTS) if timed else None
         mine = {"rank": runtime.rank(), "role": self.synced.role, "timed_steps": len(timed), "warmup_steps": warm,
+                "left_out": {"steps": [s["step"] for s in split[:warm]] + [split[i]["step"] for i in later],
+                             "step_s": [s["step_s"] for s in split[:warm]] + [split[i]["step_s"] for i in later],
+                             "rule": rule},
+                "first_step_s": split[0]["step_s"] if split else None,
                 "split_s": {k: mean[k] for k in PARTS}, "other_s": mean["other_s"], "split_sum_s": parts,
                 "step_time_s": mean["step_s"],
                 "step_time_median_s": statistics.median(s["step_s"] for s in timed) if timed else None,
@@ -169,14 +233,14 @@ class Profiler:
                 "busy_per_step_s": [s["data_s"] + s["compute_s"] + s["optimizer_s"] for s in timed],
                 "window_s": [steps[warm]["begin_s"], steps[-1]["wall_end_s"]] if steps else None}
         if self.gpu is not None:
-            self._use_gpu_split(mine, steps[warm]["step"] if len(steps) > warm else 0)
+            self._use_gpu_split(mine, {s["step"] for s in timed})
         if self.trace_path:
             mine["trace"] = {"steps": steps, "comm": [s[:6] for s in self._spans], "buckets": self._buckets}
         return mine
 
-    def _use_gpu_split(self, mine: dict, first_timed: int) -> None:
+    def _use_gpu_split(self, mine: dict, kept: set) -> None:
         """The GPU's split becomes the rank's ``split_s``; the host's moves to ``host_split_s``."""
-        timed = [s for s in self.gpu.close() if s["step"] >= first_timed]
+        timed = [s for s in self.gpu.close() if s["step"] in kept]
         mine["host_split_s"], mine["host_split_sum_pct"] = mine["split_s"], mine["split_sum_pct"]
         mine["split_clock"] = "cuda events on the training stream"
         if not timed:
@@ -225,6 +289,7 @@ class Profiler:
                              | {"window_s": [rel(r["rank"], t) for t in r["window_s"]] if r["window_s"] else None}
                              for r in everyone],
                    "trace": str(self.trace_path) if self.trace_path else None, "notes": [self.ddp_note] if self.ddp_note else []}
+        profile["steady"] = steady_line(workers, step_time, profile["samples_per_s"], getattr(config, "data", ""))
         record["profile"] = profile
         if self.monitor_on:
             ranks = []
@@ -238,9 +303,32 @@ class Profiler:
                                  {"straggler": straggler.get("text"), "strategy": config.strategy})
             files.write_json(self.trace_path, trace)
         if not config.quiet:
+            runtime.print0(f"# profile: {profile['steady']}")
             runtime.print0(f"# profile: {straggler.get('text')}")
             if self.trace_path:
                 runtime.print0(f"# trace: {self.trace_path} (open in ui.perfetto.dev or chrome://tracing)")
+
+
+def steady_line(workers: list[dict], step_time: float | None, samples_per_s: float | None, data: str) -> str:
+    """``steady step 36.6 ms (6986 samples/s): data wait 0.3 ms (1 %), compute ...; left out: ...`` for rank 0's
+    summary, from the slowest worker; names the input pipeline when its wait is a large share of the step."""
+    if not workers or not step_time:
+        return "no steady steps were timed"
+    r = max(workers, key=lambda w: w["step_time_s"])
+    split = r["split_s"]
+    parts = ", ".join(f"{name[:-2].replace('_', ' ')} {1e3 * split[name]:.1f} ms" for name in PARTS
+                      if split.get(name) is not None)
+    data_share = (split.get("data_s") or 0.0) / step_time
+    text = (f"steady step {1e3 * step_time:.1f} ms ({samples_per_s:.0f} samples/s) over {r['timed_steps']} steps: "
+            f"{parts}; data wait {100 * data_share:.0f} % of the step")
+    left = r.get("left_out") or {}
+    if left.get("steps"):
+        text += (f"; left out: {len(left['steps'])} warm-up step(s), the first {r['first_step_s']:.1f} s "
+                 f"({'; '.join(left['rule'])})")
+    if data_share > DATA_BOUND_SHARE:
+        text += (f"; the input pipeline limits this run: `ddtrain bench data --data {data or 'SPEC'}` measures it "
+                 f"alone (docs/DATA.md)")
+    return text
 
 
 def _wall_minus_perf() -> float:

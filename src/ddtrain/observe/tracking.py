@@ -15,7 +15,7 @@ import math
 import os
 from dataclasses import dataclass
 
-from ddtrain.errors import ConfigError, DDTrainError
+from ddtrain.errors import ConfigError
 
 
 @dataclass(kw_only=True)
@@ -45,16 +45,16 @@ def check(config: TrackingConfig) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (needs the tensorboard package)
         except ImportError:
-            raise DDTrainError("--tensorboard needs the tensorboard package: pip install 'ddtrain[tracking]' "
+            raise ConfigError("tensorboard", "needs the tensorboard package: pip install 'ddtrain[tracking]' "
                                "(or pip install tensorboard)") from None
         _check_dir(config.tensorboard)
     if config.mlflow:
         try:
             import mlflow  # noqa: F401
         except ImportError:
-            raise DDTrainError("--mlflow needs the mlflow package: pip install 'ddtrain[tracking]' "
+            raise ConfigError("mlflow", "needs the mlflow package: pip install 'ddtrain[tracking]' "
                                "(or pip install mlflow)") from None
-    files.check_writable(config.csv, "--csv")
+    files.check_writable(config.csv, "csv")
 
 
 def _check_dir(path: str) -> None:
@@ -66,7 +66,7 @@ def _check_dir(path: str) -> None:
             pass
         os.remove(probe)
     except OSError as exc:
-        raise DDTrainError(f"--tensorboard {path!r}: cannot write there ({exc.strerror or exc})") from None
+        raise ConfigError("tensorboard", f"{path!r}: cannot write there ({exc.strerror or exc})") from None
 
 
 def trackers(config: TrackingConfig, rank: int) -> list:
@@ -97,14 +97,15 @@ class Tracker:
         if step % self.every:
             return
         config = state.config
-        metrics = {"loss": float(logs["loss"])}
+        loss = logs["loss"]   # the step's loss tensor (still part of the graph): its value only
+        metrics = {"loss": float(loss.detach() if hasattr(loss, "detach") else loss)}
         schedule = getattr(state, "schedule", None)
         if schedule is not None:
             metrics["lr"] = schedule.lr(step - 1)      # the rate the update just taken used
         else:
             metrics["lr"] = state.optimizer.param_groups[0]["lr"]
         wall = logs["end_s"] - logs["begin_s"]
-        batch = state.record.get("global_batch_size") or config.batch_size
+        batch = state.record.get("global_batch_size") or config.recipe.batch_size
         if wall > 0:
             metrics["samples_per_s"] = batch / wall
         if config.profile.enabled:

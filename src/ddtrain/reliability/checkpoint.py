@@ -26,7 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ddtrain.distributed import runtime
-from ddtrain.errors import DDTrainError
+from ddtrain.errors import ConfigError, DDTrainError
 from ddtrain.observe import files
 from ddtrain.reliability import checkpoint_elastic, ownership, stall
 from ddtrain.reliability.consistency import PeerStopped
@@ -198,7 +198,7 @@ def rotate(directory, keep: int) -> list[Path]:
 
 
 def check_dir(config, fingerprint: dict) -> None:
-    """Before any worker starts: --checkpoint-dir usable and ours alone, and --resume has something of ours that fits.
+    """Before any worker starts: checkpoint_dir usable and ours alone, and resume has something of ours that fits.
 
     The launching process takes the directory's lock here and holds it until it exits (the
     workers it starts belong to the same run); a directory another run holds is refused.
@@ -207,19 +207,19 @@ def check_dir(config, fingerprint: dict) -> None:
     if not directory:
         return
     if Path(directory).exists() and not Path(directory).is_dir():
-        raise DDTrainError(f"--checkpoint-dir '{directory}' is a file, not a directory")
-    files.check_writable(Path(directory) / "ckpt", "--checkpoint-dir")
+        raise ConfigError("checkpoint_dir", f"'{directory}' is a file, not a directory")
+    files.check_writable(Path(directory) / "ckpt", "checkpoint_dir")
     ownership.check_free(directory)  # a running run's directory: say so before anything else
     found = listing(directory)
     if not config.reliability.resume:
         if found:
-            raise DDTrainError(f"--checkpoint-dir {directory} already holds checkpoints (newest: {found[0][1].name}); "
-                               "pass --resume to continue from it, or choose an empty directory")
+            raise ConfigError("checkpoint_dir", f"{directory} already holds checkpoints (newest: {found[0][1].name}); "
+                              "pass resume to continue from it, or choose an empty directory", mentions=("resume",))
         _take(directory)
         ownership.start_lineage(directory)
         return
     if not found:
-        raise DDTrainError(f"--resume: no checkpoint in {directory}")
+        raise ConfigError("resume", f"finds no checkpoint in {directory}")
     damaged = []
     for _, path in found:  # the cheap test (header and length) here; rank 0 verifies the checksum
         try:
@@ -239,7 +239,7 @@ def check_dir(config, fingerprint: dict) -> None:
                   f"{header['run'].get('run_id', '?')}; this directory now follows its lineage {theirs}",
                   file=sys.stderr, flush=True)
         return
-    raise DDTrainError(f"--resume: every checkpoint in {directory} is damaged: {'; '.join(damaged)}")
+    raise ConfigError("resume", f"finds every checkpoint in {directory} damaged: {'; '.join(damaged)}")
 
 
 def _take(directory) -> None:

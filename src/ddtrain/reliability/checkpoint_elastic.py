@@ -7,7 +7,7 @@ gradient scaler, the parameter servers' shards) is all a resume at another size 
 checkpoint's header carries an ``elastic`` section (``section``): G, the gradient accumulation,
 the worker count, the data set, the strategy's resize rule and the worker counts it can resume
 on (the divisors of G; ``--grad-accum`` is re-chosen where the one asked does not fit,
-``training.recipe.grad_accum_for``). What is per rank is merged or re-derived (``reshape``):
+``ddtrain.recipe.grad_accum_for``). What is per rank is merged or re-derived (``reshape``):
 the epoch's metric sums are added up (on rank 0), the RNG streams of ranks that did not exist
 are seeded from (seed, step, rank), and strategies without one global state follow their rule:
 local-sgd averages the workers' replicas (an averaging at the boundary), hybrid takes rank 0's
@@ -19,11 +19,11 @@ import random
 
 import torch
 
-from ddtrain.reliability.consistency import RESUME_FIELDS, ConfigMismatch, check_resumable, differences
+from ddtrain.reliability.consistency import ConfigMismatch, check_resumable, differences, resume_fields
 
-# what must still agree when the worker count changes (world_size and the per-rank batch may not)
-ELASTIC_FIELDS = tuple(f for f in RESUME_FIELDS if f not in ("world_size", "batch_size")) + ("servers",)
-# ... and what the elastic section adds: the data set by name and arguments, and the global batch
+# What must still agree when the worker count changes is the fingerprint's settings marked resume="same"
+# (consistency.resume_fields with same_workers=False); the elastic section adds the data set by name and
+# arguments, and the global batch (recorded here before the fingerprint held it).
 SECTION_FIELDS = ("data", "data_args", "global_batch_size")
 
 # a strategy's rule for a resize (``rule``): "identical", "average", "rank0", "servers"
@@ -52,14 +52,14 @@ def worker_counts(global_batch: int, limit: int) -> list[int]:
 
 def section(config, *, workers: int, servers: int, train_samples: int, resize_rule: str | None) -> dict:
     """The header's ``elastic`` section: what a resume at another worker count needs to check and re-derive."""
-    total = config.global_batch_size
-    out = {"global_batch_size": total, "grad_accum": config.grad_accum, "workers": workers, "servers": servers,
-           "data": config.data, "data_args": repr(sorted(config.data_args.items())), "sharding": config.sharding,
+    total = config.recipe.global_batch_size
+    out = {"global_batch_size": total, "grad_accum": config.recipe.grad_accum, "workers": workers, "servers": servers,
+           "data": config.data.data, "data_args": repr(sorted(config.data.data_args.items())), "sharding": config.data.sharding,
            "rule": resize_rule}
     if not total:
         out["fixed"] = "written without --global-batch-size: the global batch is --batch-size x workers"
-    elif config.sharding != "balanced":
-        out["fixed"] = f"--sharding {config.sharding} gives each worker count other samples"
+    elif config.data.sharding != "balanced":
+        out["fixed"] = f"--sharding {config.data.sharding} gives each worker count other samples"
     out["worker_counts"] = [workers] if "fixed" in out else worker_counts(total, train_samples)
     return out
 
@@ -74,10 +74,12 @@ def check(header: dict, fingerprint: dict, now: dict | None, path) -> bool:
     if not isinstance(theirs, dict) or now is None:
         check_resumable(header, fingerprint, path)
         return False
-    # without --global-batch-size the per-rank batch is the run's batch and must agree
-    fields = ELASTIC_FIELDS + (("batch_size",) if "fixed" in theirs or "fixed" in now else ())
-    found = differences(fingerprint, header.get("fingerprint", {}), fields) + \
-        differences(now, theirs, SECTION_FIELDS)
+    # without a global batch the per-rank batch is the run's batch: the "same-workers" settings must agree too
+    fixed = "fixed" in theirs or "fixed" in now
+    fields = tuple(f for f in resume_fields(fingerprint, same_workers=fixed) if f not in ("world_size",))
+    found = differences(fingerprint, header.get("fingerprint", {}), fields, recorded_only=True)
+    named = {line.partition("=")[0].partition(" ")[0] for line in found}
+    found += differences(now, theirs, tuple(f for f in SECTION_FIELDS if f not in named))
     if found:
         raise ConfigMismatch(f"checkpoint {path} does not fit this run: it has " + ", ".join(found)
                              + " (this run has the second value); resume with the same settings "

@@ -8,21 +8,38 @@ with the one a checkpoint was written under.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 
 from ddtrain.errors import DDTrainError
 from ddtrain.version import __version__
 
-# Settings every rank must share (paths such as --data or --out may differ between hosts).
-AGREE = ("epochs", "steps", "lr", "momentum", "weight_decay", "optimizer", "seed", "val_fraction", "sharding",
-         "amp", "sync_every", "servers", "staleness", "check_every", "checkpoint_every", "on_nonfinite",
-         "on_mismatch")
-# What a checkpoint must share with the run that resumes from it (lr or epochs may change).
-RESUME_FIELDS = ("world_size", "model", "model_args", "parameter_shapes", "strategy", "batch_size",
-                 "train_samples", "sample_shape", "seed", "sharding", "optimizer", "amp")
+# What ranks and checkpoints compare besides the settings: facts of the run. A resume at any worker
+# count needs the same model parameters and data; the world size may change only with the global batch.
+FACTS_RESUME = ("parameter_shapes", "train_samples", "sample_shape")
+FACTS_RESUME_SAME_WORKERS = ("world_size",)
 
 
+def marked_settings(config) -> dict[str, dict]:
+    """``{name: metadata}`` of every setting of ``config`` (a TrainConfig, its sections walked) that is marked.
+
+    The marks are each field's ``metadata`` (``ddtrain.config`` says what "agree" and "resume"
+    mean): the one place that says which settings ranks and checkpoints must share.
+    """
+    out = {}
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if dataclasses.is_dataclass(value):
+            out.update(marked_settings(value))
+        elif "agree" in f.metadata or "resume" in f.metadata:
+            out[f.name] = dict(f.metadata)
+    return out
+
+
+def _comparable(value):
+    return repr(sorted(value.items())) if isinstance(value, dict) else value
 class ConfigMismatch(DDTrainError):
     """Ranks (or a checkpoint and this run) disagree on something that must be the same."""
 
@@ -39,17 +56,31 @@ def _input_dtype(dataset) -> str:
 
 
 def fingerprint(config, model, data, world_size: int) -> dict:
-    """What must be identical on every rank (and in a checkpoint we resume from)."""
+    """What must be identical on every rank (and in a checkpoint we resume from).
+
+    The facts of the run (versions, parameter shapes, the data set's size, shape and dtype), every
+    setting marked ``agree=True``, and under ``resume`` each setting's resume rule ("same" or
+    "same-workers"), so that a checkpoint header says what its run required of a resume.
+    """
     shapes = [[name, list(p.shape), str(p.dtype).replace("torch.", "")] for name, p in model.named_parameters()]
-    out = {"ddtrain": __version__, "torch": str(torch.__version__), "world_size": world_size, "model": config.model,
-           "model_args": repr(sorted(config.model_args.items())),
+    marks, flat = marked_settings(config), config.flat()
+    out = {"ddtrain": __version__, "torch": str(torch.__version__), "world_size": world_size,
+           **{name: _comparable(flat[name]) for name, mark in marks.items() if mark.get("agree") is True},
            "parameter_count": sum(p.numel() for p in model.parameters()), "parameter_shapes": shapes,
-           "strategy": config.strategy, "batch_size": config.batch_size, "train_samples": len(data.train),
+           "train_samples": len(data.train),
            "val_samples": len(data.val) if data.val is not None else 0, "sample_shape": list(data.sample_shape),
            "input_dtype": _input_dtype(data.train), "num_classes": data.num_classes}
-    flat = config.flat()
-    out.update({name: flat[name] for name in AGREE})
+    out["resume"] = {name: mark["resume"] for name, mark in marks.items()
+                     if mark.get("resume") in ("same", "same-workers")}
     return out
+
+
+def resume_fields(fingerprint: dict, *, same_workers: bool = True) -> tuple[str, ...]:
+    """What a checkpoint must share with the run ``fingerprint`` describes (at another worker count: ``same_workers``
+    False, the global batch kept, the per-rank batch and the world size may differ)."""
+    rules = fingerprint.get("resume", {})
+    return (FACTS_RESUME + (FACTS_RESUME_SAME_WORKERS if same_workers else ())
+            + tuple(name for name, rule in rules.items() if rule == "same" or (same_workers and rule == "same-workers")))
 
 
 def _show(field: str, value) -> str:
@@ -57,10 +88,16 @@ def _show(field: str, value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def differences(reference: dict, other: dict, fields=None) -> list[str]:
-    """'field: A vs B' for every field where ``other`` differs from ``reference``."""
+def differences(reference: dict, other: dict, fields=None, *, recorded_only: bool = False) -> list[str]:
+    """'field: A vs B' for every field where ``other`` differs from ``reference``.
+
+    ``recorded_only``: fields ``other`` does not hold are skipped (a checkpoint written before the
+    field was recorded is not held to it).
+    """
     out = []
     for field in fields or reference:
+        if recorded_only and field not in other:
+            continue
         a, b = reference.get(field), other.get(field)
         if a == b:
             continue
@@ -93,7 +130,7 @@ def check_startup(mine: dict) -> None:
 
 def check_resumable(header: dict, current: dict, path) -> None:
     """Raise ConfigMismatch if the checkpoint in ``path`` was written by an incompatible run."""
-    found = differences(current, header.get("fingerprint", {}), RESUME_FIELDS)
+    found = differences(current, header.get("fingerprint", {}), resume_fields(current), recorded_only=True)
     if found:
         raise ConfigMismatch(f"checkpoint {path} does not fit this run: it has " + ", ".join(found)
                              + " (this run has the second value); resume with the same settings "

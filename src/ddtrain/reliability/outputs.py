@@ -34,11 +34,11 @@ def outputs(config) -> list[tuple[str, str, bool]]:
 
 def inputs(config) -> list[tuple[str, Path]]:
     """(what, resolved path) of every existing path the data set is read from."""
-    fmt, _, arg = str(config.data).partition(":")
+    fmt, _, arg = str(config.data.data).partition(":")
     found = []
     if arg and os.path.exists(os.path.expanduser(arg)):
-        found.append((f"--data {config.data}", _resolved(arg)))
-    for key, value in (config.data_args or {}).items():
+        found.append((f"--data {config.data.data}", _resolved(arg)))
+    for key, value in (config.data.data_args or {}).items():
         if isinstance(value, str) and value and os.path.exists(os.path.expanduser(value)):
             found.append((f"--data-arg {key}={value}", _resolved(value)))
     return found

@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 from ddtrain.distributed.launch import MEMBERSHIP_REASON_ENV  # set by the launcher that restarted the workers
-from ddtrain.errors import DDTrainError
+from ddtrain.errors import ConfigError, DDTrainError
 
 RUN_ID_ENV = "DDTRAIN_RUN_ID"
 LOCKS = {"launcher": ".ddtrain-lock", "rank0": ".ddtrain-lock-rank0"}
@@ -224,10 +224,10 @@ def check_lineage(header: dict, directory, path, *, resume_any: bool) -> str | N
     if resume_any:
         return theirs
     run = header.get("run") or {}
-    raise DDTrainError(f"--resume: {path} was written by another run (lineage {theirs}, run {run.get('run_id', '?')} "
-                       f"on host {run.get('host', '?')}), not by this directory's run (lineage {mine}); continuing "
-                       "from it would mix two runs' histories. Pass --resume-any to continue from it anyway, "
-                       "or remove it")
+    raise ConfigError("resume", f"finds {path} written by another run (lineage {theirs}, run "
+                                f"{run.get('run_id', '?')} on host {run.get('host', '?')}), not by this directory's run "
+                                f"(lineage {mine}); continuing from it would mix two runs' histories. Pass resume_any "
+                                "to continue from it anyway, or remove it")
 
 
 # ---- membership ------------------------------------------------------------------------------

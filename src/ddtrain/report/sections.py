@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ddtrain.report import plots
 from ddtrain.bench.tables import fmt
+from ddtrain.config import record_settings
 
 
 
@@ -173,7 +174,8 @@ def records_blocks(records: list[tuple[Path, dict]], root: Path, files: Path) ->
     for path, r in records:
         last = r["epochs"][-1] if r["epochs"] else {}
         profile = r.get("profile") or {}
-        rows.append([str(path.relative_to(root)), r["config"]["model"], r["config"]["data"], r["strategy"],
+        settings = record_settings(r["config"])
+        rows.append([str(path.relative_to(root)), settings["model"], settings["data"], r["strategy"],
                      r.get("workers", r["world_size"]), len(r["epochs"]), fmt(last.get("time_s"), 2),
                      fmt(profile.get("samples_per_s") or last.get("samples_per_s"), 1),
                      fmt(last.get("train_loss"), 4), fmt(last.get("val_accuracy"), 4)])

@@ -14,13 +14,15 @@ model and optimizer unchanged), and registers ``finish`` to run at ``ddtrain.shu
 """
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterable
 from functools import partial
 
 import torch.distributed as dist
 
 from ddtrain import comm
 from ddtrain.distributed import runtime
-from ddtrain.errors import DDTrainError, choice_error
+from ddtrain.errors import ConfigError, choice_error
 from ddtrain.sync.allreduce import AllReduceStrategy, build_ddp
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats, single_process
 from ddtrain.sync.hybrid import HybridStrategy
@@ -38,26 +40,31 @@ def register_strategy(spec: StrategySpec) -> StrategySpec:
     return spec
 
 
+def _servers_check(options: SyncOptions) -> None:
+    wire_dtype(options.compression)   # the compression methods parameter servers can carry
+
+
 for _spec in (
     StrategySpec(name="ddp", build=build_ddp, summary="DDP with the backend's own all-reduce (the default)",
-                 sync_in_backward=True, algorithm="native", options=("compression",), sends="gradient"),
+                 sync_in_backward=True, algorithm="native", options=("sync_batchnorm", "compression"), sends="gradient"),
     *(StrategySpec(name=name, build=partial(AllReduceStrategy, algorithm=name), sync_in_backward=True, algorithm=name,
-                   options=("compression",), summary=f"DDP with ddtrain's {name} all-reduce as its communication hook",
-                   sends="gradient")
+                   options=("sync_batchnorm", "compression"),
+                   summary=f"DDP with ddtrain's {name} all-reduce as its communication hook", sends="gradient")
       for name in comm.ALGORITHMS if name != "native"),   # every algorithm of ddtrain.comm; native's is ddp
     StrategySpec(name="ps-sync", build=partial(build_param_server, asynchronous=False), uses_servers=True,
-                 options=("servers", "timeout_s", "compression"),
+                 options=("servers", "timeout_s", "compression"), check=_servers_check,
                  replicated=False, algorithm="central",  # the master pattern over workers + servers; checkpoints
                  # hold the servers' state
                  not_predicted="parameter servers: not modelled",
                  summary="parameter servers on the last --servers ranks; each step waits for every worker"),
     StrategySpec(name="ps-async", build=partial(build_param_server, asynchronous=True), uses_servers=True,
-                 options=("servers", "staleness", "async_rule", "timeout_s", "compression"),
+                 options=("servers", "staleness", "async_rule", "timeout_s", "compression"), check=_servers_check,
                  replicated=False, checkpointable=False, synchronous=False,
                  not_predicted="asynchronous: no step time to predict",
                  summary="parameter servers applying each gradient as it arrives (--staleness bounds the lag)"),
     StrategySpec(name="hybrid", build=HybridStrategy, replicated=False, sync_in_backward=True, periodic=True,
-                 options=("sync_every",), not_predicted="a ring every step plus a broadcast: never ahead of ring",
+                 options=("sync_batchnorm", "sync_every"),
+                 not_predicted="a ring every step plus a broadcast: never ahead of ring",
                  algorithm="ring", summary="ring all-reduce every step + rank 0's broadcast every --sync-every "
                      "steps (000 ch. 5)"),
     StrategySpec(name="local-sgd", build=LocalSGDStrategy, replicated=False, periodic=True, synchronous=False,
@@ -74,28 +81,32 @@ def strategy_spec(name: str) -> StrategySpec:
     return STRATEGIES[name]
 
 
-def check_compression(strategy: str, compression: str) -> None:
-    """Refuse ``--compression`` for a strategy that sends no gradients (local-sgd, hybrid), naming those that do,
-    and the methods parameter servers cannot carry (``ps.protocol.wire_dtype``)."""
+def check_options(strategy: str, options: SyncOptions, *, explicit: Iterable[str] | None = None) -> None:
+    """The one rule for strategy options, for ``ddtrain train`` and ``prepare()`` alike: ConfigError naming the field.
+
+    An option the strategy does not read (its ``StrategySpec.options``) is refused when it is set,
+    naming the strategies that read it; then the strategy's own check of the values it reads
+    (``StrategySpec.check``: the compressions parameter servers carry). "Set" means different from
+    the default; ``explicit`` (the names ``prepare()`` was given) also counts a name given at its
+    default. The command line cannot tell ``--servers 1`` from no flag, so there a default passes.
+    The values themselves (ranges, local SGD's combinations) are checked by ``SyncOptions``.
+    """
     spec = strategy_spec(strategy)
-    if compression != "none" and not spec.takes_option("compression"):
-        readers = ", ".join(n for n, s in STRATEGIES.items() if s.takes_option("compression"))
-        raise DDTrainError(f"--compression {compression} is not supported with --strategy {strategy}: it compresses "
-                           f"gradients, which only {readers} send")
-    if spec.uses_servers:
-        wire_dtype(strategy, compression)
+    named, defaults = set(explicit or ()), SyncOptions()
+    for f in dataclasses.fields(SyncOptions):
+        given = f.name in named or getattr(options, f.name) != getattr(defaults, f.name)
+        if given and not spec.takes_option(f.name):
+            readers = [other.name for other in STRATEGIES.values() if other.takes_option(f.name)]
+            raise ConfigError(f.name, f"is read only by {', '.join(readers) or 'no strategy'}, "
+                                      f"not by strategy {strategy!r}")
+    if spec.check is not None:
+        spec.check(options)
 
 
 def wrap(strategy: str, model, optimizer, options: SyncOptions | None = None) -> Strategy:
     """Apply ``strategy`` to a model already on its device and an optimizer over its parameters."""
     spec = strategy_spec(strategy)
-    options = options or SyncOptions()
-    if options.sync_batchnorm and not spec.sync_in_backward:
-        # SyncBatchNorm all-reduces statistics inside forward, in step with DDP's gradient sync;
-        # replicas that step apart (local SGD) or workers whose sync is the servers' have no such step
-        raise DDTrainError(f"sync_batchnorm=True is not supported with strategy {strategy!r}: it needs a "
-                           f"DDP-based strategy ({', '.join(n for n, s in STRATEGIES.items() if s.sync_in_backward)})")
-    check_compression(strategy, options.compression)
+    options = options or SyncOptions()   # checked against the strategy by its makers (TrainConfig, prepare)
     if dist.is_initialized() and dist.get_world_size() > 1:
         applied = spec.build(model, optimizer, options)
     else:
@@ -107,5 +118,5 @@ def wrap(strategy: str, model, optimizer, options: SyncOptions | None = None) ->
     return applied
 
 
-__all__ = ["STRATEGIES", "Strategy", "StrategySpec", "SyncOptions", "SyncStats", "register_strategy", "strategy_spec",
-           "wrap"]
+__all__ = ["STRATEGIES", "Strategy", "StrategySpec", "SyncOptions", "SyncStats", "check_options", "register_strategy",
+           "strategy_spec", "wrap"]

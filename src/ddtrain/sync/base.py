@@ -5,6 +5,7 @@ one of these, with the model and optimizer unchanged and no communication, whate
 """
 from __future__ import annotations
 
+import typing
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Literal
@@ -16,37 +17,45 @@ from torch.nn.parallel import DistributedDataParallel
 
 from ddtrain.comm import compression
 from ddtrain.distributed import runtime
+from ddtrain.errors import ConfigError, check_choices
 
-ASYNC_RULES = ("dana", "staleness", "lr-staleness", "momentum", "momentum-subtract", "lr-workers", "lr-staleness-momentum",
-               "lr-workers-momentum", "lr-staleness-no-momentum", "dc-staleness", "dc-lr-workers", "plain")   # SyncOptions.async_rule's Literal
+# ps-async's corrections for asynchrony (docs/ALGORITHMS.md); the choices of --async-rule
+AsyncRule = Literal["dana", "staleness", "lr-staleness", "momentum", "momentum-subtract", "lr-workers",
+                    "lr-staleness-momentum", "lr-workers-momentum", "lr-staleness-no-momentum", "dc-staleness",
+                    "dc-lr-workers", "plain"]
+ASYNC_RULES = typing.get_args(AsyncRule)
 
 
 @dataclass(kw_only=True)
 class SyncOptions:
-    """Strategy settings; each strategy reads the ones it needs."""
+    """Strategy settings; each strategy reads the ones it needs (its StrategySpec.options)."""
 
-    sync_every: int | str = 1        # hybrid / local-sgd: steps between parameter syncs, or "epoch"
-    servers: int = 1                 # ps-*: how many ranks hold parameters
-    staleness: int = 4               # ps-async: most versions a gradient may lag
-    async_rule: Literal["dana", "staleness", "lr-staleness", "momentum", "momentum-subtract", "lr-workers", "lr-staleness-momentum", "lr-workers-momentum", "lr-staleness-no-momentum", "dc-staleness", "dc-lr-workers", "plain"] = "dana"  # ps-async: how updates are corrected for asynchrony (docs/ALGORITHMS.md): dana = lr/workers, a momentum per worker and look-ahead parameters (SGD; other optimizers get staleness); plain applies gradients as they come
-    bucket_cap_mb: float = 25.0      # DDP gradient bucket size (MB)
-    find_unused_parameters: bool = False   # DDP: allow parameters that get no gradient on some steps (branches, unused heads)
-    static_graph: bool = False             # DDP: the set of used parameters never changes between steps
-    gradient_as_bucket_view: bool = False  # DDP: gradients are views into the buckets (saves one copy of memory)
-    no_broadcast_buffers: bool = False     # DDP: do not broadcast rank 0's buffers before each forward (broadcast_buffers=False)
-    sync_batchnorm: bool = False           # convert BatchNorm layers to SyncBatchNorm (DDP-based strategies, CUDA)
-    check_every: int = 0             # steps between replica-divergence checks (0: at epoch ends only)
+    # Every rank must read the same ones (replicas, collectives and servers step together); a resume
+    # may change them except the parameter servers' count and local SGD's outer optimizer, whose state
+    # the checkpoint holds (ddtrain.config explains the metadata).
+
+    sync_every: int | str = field(default=1, metadata={"agree": True, "resume": "may-change"})   # hybrid / local-sgd: steps between parameter syncs, or "epoch"
+    servers: int = field(default=1, metadata={"agree": True, "resume": "same"})   # ps-*: how many ranks hold parameters
+    staleness: int = field(default=4, metadata={"agree": True, "resume": "may-change"})   # ps-async: most versions a gradient may lag
+    async_rule: AsyncRule = field(default="dana", metadata={"agree": True, "resume": "may-change"})   # ps-async: how updates are corrected for asynchrony (docs/ALGORITHMS.md): dana = lr/workers, a momentum per worker and look-ahead parameters (SGD; other optimizers get staleness); plain applies gradients as they come
+    bucket_cap_mb: float = field(default=25.0, metadata={"agree": True, "resume": "may-change"})   # DDP gradient bucket size (MB)
+    find_unused_parameters: bool = field(default=False, metadata={"agree": True, "resume": "may-change"})   # DDP: allow parameters that get no gradient on some steps (branches, unused heads)
+    static_graph: bool = field(default=False, metadata={"agree": True, "resume": "may-change"})   # DDP: the set of used parameters never changes between steps
+    gradient_as_bucket_view: bool = field(default=False, metadata={"agree": True, "resume": "may-change"})   # DDP: gradients are views into the buckets (saves one copy of memory)
+    no_broadcast_buffers: bool = field(default=False, metadata={"agree": True, "resume": "may-change"})   # DDP: do not broadcast rank 0's buffers before each forward (broadcast_buffers=False)
+    sync_batchnorm: bool = field(default=False, metadata={"agree": True, "resume": "may-change"})   # convert BatchNorm layers to SyncBatchNorm (DDP-based strategies, CUDA)
+    check_every: int = field(default=0, metadata={"agree": True, "resume": "may-change"})   # steps between replica-divergence checks (0: at epoch ends only)
     timeout_s: float | None = None   # ps-*: seconds a rank waits on a peer (None: ddtrain.init()'s timeout)
-    outer_optimizer: Literal["average", "nesterov"] = "average"  # local-sgd: at each averaging, 'average' takes the replicas' mean; 'nesterov' is DiLoCo's outer SGD with Nesterov momentum on the averaged parameter change (docs/ALGORITHMS.md)
-    outer_lr: float | None = None    # local-sgd --outer-optimizer nesterov: outer learning rate (default 0.7, DiLoCo's)
-    outer_momentum: float | None = None   # local-sgd --outer-optimizer nesterov: outer Nesterov momentum (default 0.9, DiLoCo's; 0: plain outer SGD)
-    local_sgd_warmup_steps: int = 0  # local-sgd: average the gradients every step for this many first steps (post-local SGD), local steps after
-    adaptive_interval: bool = False  # local-sgd: choose each interval from the measured divergence and averaging time, starting at --sync-every (docs/ALGORITHMS.md)
-    adaptive_min_interval: int = 1   # local-sgd --adaptive-interval: the shortest interval (steps)
-    adaptive_max_interval: int = 100   # local-sgd --adaptive-interval: the longest interval (steps)
-    adaptive_comm_fraction: float = 0.1   # local-sgd --adaptive-interval: the averaging may take this fraction of the interval's compute time
-    adaptive_max_divergence: float = 0.1    # local-sgd --adaptive-interval: bound on the replicas' relative spread at an averaging (docs/PERFORMANCE.md; 0.026-0.147 measured at K=20 on MNIST, where DiLoCo matched ddp: results/diloco/cluster_100mbit.json)
-    compression: str = "none"        # gradient compression: none, fp16, bf16, powersgd:RANK[:WARMUP_STEPS], topk:FRACTION (docs/ALGORITHMS.md)
+    outer_optimizer: Literal["average", "nesterov"] = field(default="average", metadata={"agree": True, "resume": "same"})   # local-sgd: at each averaging, 'average' takes the replicas' mean; 'nesterov' is DiLoCo's outer SGD with Nesterov momentum on the averaged parameter change (docs/ALGORITHMS.md)
+    outer_lr: float | None = field(default=None, metadata={"agree": True, "resume": "may-change"})   # local-sgd --outer-optimizer nesterov: outer learning rate (default 0.7, DiLoCo's)
+    outer_momentum: float | None = field(default=None, metadata={"agree": True, "resume": "may-change"})   # local-sgd --outer-optimizer nesterov: outer Nesterov momentum (default 0.9, DiLoCo's; 0: plain outer SGD)
+    local_sgd_warmup_steps: int = field(default=0, metadata={"agree": True, "resume": "may-change"})   # local-sgd: average the gradients every step for this many first steps (post-local SGD), local steps after
+    adaptive_interval: bool = field(default=False, metadata={"agree": True, "resume": "may-change"})   # local-sgd: choose each interval from the measured divergence and averaging time, starting at --sync-every (docs/ALGORITHMS.md)
+    adaptive_min_interval: int = field(default=1, metadata={"agree": True, "resume": "may-change"})   # local-sgd --adaptive-interval: the shortest interval (steps)
+    adaptive_max_interval: int = field(default=100, metadata={"agree": True, "resume": "may-change"})   # local-sgd --adaptive-interval: the longest interval (steps)
+    adaptive_comm_fraction: float = field(default=0.1, metadata={"agree": True, "resume": "may-change"})   # local-sgd --adaptive-interval: the averaging may take this fraction of the interval's compute time
+    adaptive_max_divergence: float = field(default=0.1, metadata={"agree": True, "resume": "may-change"})   # local-sgd --adaptive-interval: bound on the replicas' relative spread at an averaging (docs/PERFORMANCE.md; 0.026-0.147 measured at K=20 on MNIST, where DiLoCo matched ddp: results/diloco/cluster_100mbit.json)
+    compression: str = field(default="none", metadata={"agree": True, "resume": "may-change"})   # gradient compression: none, fp16, bf16, powersgd:RANK[:WARMUP_STEPS], topk:FRACTION (docs/ALGORITHMS.md)
 
     @property
     def broadcast_buffers(self) -> bool:
@@ -54,49 +63,50 @@ class SyncOptions:
         return not self.no_broadcast_buffers
 
     def __post_init__(self):
+        check_choices(self)
         if self.sync_every != "epoch" and (not isinstance(self.sync_every, int) or self.sync_every < 1):
-            raise ValueError(f"sync_every must be a positive integer or 'epoch', got {self.sync_every!r}")
+            raise ConfigError("sync_every", f"must be a positive integer or 'epoch', got {self.sync_every!r}")
         if self.servers < 1:
-            raise ValueError(f"servers must be at least 1, got {self.servers}")
+            raise ConfigError("servers", f"must be at least 1, got {self.servers}")
         if self.staleness < 0:
-            raise ValueError(f"staleness must be >= 0, got {self.staleness}")
-        if self.async_rule not in ASYNC_RULES:
-            raise ValueError(f"async_rule must be one of {', '.join(ASYNC_RULES)}, got {self.async_rule!r}")
+            raise ConfigError("staleness", f"must be >= 0, got {self.staleness}")
         if self.bucket_cap_mb <= 0:
-            raise ValueError(f"bucket_cap_mb must be positive, got {self.bucket_cap_mb}")
+            raise ConfigError("bucket_cap_mb", f"must be positive, got {self.bucket_cap_mb}")
         if self.check_every < 0:
-            raise ValueError(f"check_every must be >= 0, got {self.check_every}")
+            raise ConfigError("check_every", f"must be >= 0, got {self.check_every}")
         if self.timeout_s is not None and not self.timeout_s > 0:
-            raise ValueError(f"timeout_s must be positive, got {self.timeout_s}")
-        compression.check_spec(self.compression)   # ValueError("compression ...") naming what is wrong
+            raise ConfigError("timeout_s", f"must be positive, got {self.timeout_s}")
+        try:
+            compression.check_spec(self.compression)
+        except ValueError as exc:   # "compression <what is wrong>"
+            raise ConfigError("compression", str(exc).partition(" ")[2]) from None
         self._check_local_sgd()
 
     def _check_local_sgd(self) -> None:
         """local-sgd's settings (ddtrain.sync.local_sgd reads them)."""
-        if self.outer_optimizer not in ("average", "nesterov"):
-            raise ValueError(f"outer_optimizer must be 'average' or 'nesterov', got {self.outer_optimizer!r}")
         for name in ("outer_lr", "outer_momentum"):
             if getattr(self, name) is not None and self.outer_optimizer == "average":
-                raise ValueError(f"{name} is read with outer_optimizer='nesterov' only ('average' is outer lr 1 "
-                                 f"and momentum 0), got {getattr(self, name)}")
+                raise ConfigError(name, f"is read with outer_optimizer='nesterov' only ('average' is outer lr 1 "
+                                        f"and momentum 0), got {getattr(self, name)}")
         if self.outer_lr is not None and not self.outer_lr > 0:
-            raise ValueError(f"outer_lr must be positive, got {self.outer_lr}")
+            raise ConfigError("outer_lr", f"must be positive, got {self.outer_lr}")
         if self.outer_momentum is not None and not 0 <= self.outer_momentum < 1:
-            raise ValueError(f"outer_momentum must be in [0, 1), got {self.outer_momentum}")
+            raise ConfigError("outer_momentum", f"must be in [0, 1), got {self.outer_momentum}")
         if not isinstance(self.local_sgd_warmup_steps, int) or self.local_sgd_warmup_steps < 0:
-            raise ValueError(f"local_sgd_warmup_steps must be a non-negative integer, got {self.local_sgd_warmup_steps!r}")
+            raise ConfigError("local_sgd_warmup_steps", f"must be a non-negative integer, got "
+                                                        f"{self.local_sgd_warmup_steps!r}")
         if not 1 <= self.adaptive_min_interval <= self.adaptive_max_interval:
-            raise ValueError(f"adaptive_min_interval must be >= 1 and <= adaptive_max_interval "
-                             f"({self.adaptive_max_interval}), got {self.adaptive_min_interval}")
+            raise ConfigError("adaptive_min_interval", f"must be >= 1 and <= adaptive_max_interval "
+                                                       f"({self.adaptive_max_interval}), got {self.adaptive_min_interval}")
         if not self.adaptive_comm_fraction > 0:
-            raise ValueError(f"adaptive_comm_fraction must be positive, got {self.adaptive_comm_fraction}")
+            raise ConfigError("adaptive_comm_fraction", f"must be positive, got {self.adaptive_comm_fraction}")
         if not self.adaptive_max_divergence > 0:
-            raise ValueError(f"adaptive_max_divergence must be positive, got {self.adaptive_max_divergence}")
+            raise ConfigError("adaptive_max_divergence", f"must be positive, got {self.adaptive_max_divergence}")
         if self.adaptive_interval and not (isinstance(self.sync_every, int)
                                            and self.adaptive_min_interval <= self.sync_every <= self.adaptive_max_interval):
-            raise ValueError(f"sync_every must be an integer between adaptive_min_interval ({self.adaptive_min_interval}) "
-                             f"and adaptive_max_interval ({self.adaptive_max_interval}) with adaptive_interval: it is "
-                             f"the first interval; got {self.sync_every!r}")
+            raise ConfigError("sync_every", f"must be an integer between adaptive_min_interval ({self.adaptive_min_interval}) "
+                                            f"and adaptive_max_interval ({self.adaptive_max_interval}) with adaptive_interval: "
+                                            f"it is the first interval; got {self.sync_every!r}")
 
 
 @dataclass

@@ -10,11 +10,15 @@ from dataclasses import dataclass
 from collections.abc import Callable
 
 
-# SyncOptions fields that only some strategies read (their specs list them in ``options``); the
-# rest (the DDP options, check_every) are accepted by every strategy.
+# A spec lists the SyncOptions fields its strategy reads (``options``); ``ddtrain.sync.check_options``
+# refuses the others when they are set, so a new field is refused by every strategy until a spec
+# claims it. Read by every strategy: the replica check's interval, and DDP's own arguments, which
+# configure DDP where a strategy wraps the model in it and change nothing elsewhere (a script that
+# loops over strategies passes them to all; SyncBatchNorm, which needs DDP's step, is an option).
+READ_BY_ALL = ("check_every", "bucket_cap_mb", "find_unused_parameters", "static_graph", "gradient_as_bucket_view",
+               "no_broadcast_buffers")
 LOCAL_SGD_OPTIONS = ("outer_optimizer", "outer_lr", "outer_momentum", "local_sgd_warmup_steps", "adaptive_interval",
                      "adaptive_min_interval", "adaptive_max_interval", "adaptive_comm_fraction", "adaptive_max_divergence")
-STRATEGY_SPECIFIC = frozenset({"sync_every", "servers", "staleness", "timeout_s", "compression", *LOCAL_SGD_OPTIONS})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,17 +35,18 @@ class StrategySpec:
     synchronous: bool = True        # R ranks x batch B take the steps of one process with batch R*B
     periodic: bool = False          # reads --sync-every (steps between parameter syncs)
     algorithm: str | None = None    # the ddtrain.comm algorithm whose cost model predicts its gradient sync
-    options: tuple[str, ...] = ()   # the strategy-specific SyncOptions fields it reads (others refuse them)
+    options: tuple[str, ...] = ()   # the SyncOptions fields it reads besides READ_BY_ALL (others are refused)
     # what it sends, as the adviser (ddtrain advise, ddtrain.costmodel.advise) predicts it: "gradient" (DDP's buckets,
     # all-reduced with `algorithm` every step), "average" (the parameters, all-reduced with `averaging_algorithm`
     # every --sync-every steps), or "" (not predicted; `not_predicted` says why)
     sends: str = ""
     averaging_algorithm: str | None = None   # the ddtrain.comm algorithm of its parameter averaging (sends="average")
     not_predicted: str = ""                  # why the adviser leaves it out (sends="")
+    check: Callable | None = None   # (SyncOptions) -> None: raises ConfigError for values of its options it cannot run with
 
     def takes_option(self, name: str) -> bool:
-        """Does this strategy read SyncOptions field ``name``? (Fields no strategy claims are read by all.)"""
-        return name in self.options or name not in STRATEGY_SPECIFIC
+        """Does this strategy read SyncOptions field ``name``?"""
+        return name in self.options or name in READ_BY_ALL
 
     def extra_ranks(self, servers: int) -> int:
         """Ranks the strategy needs besides the workers (parameter servers)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ddtrain.config import TrainConfig
-from ddtrain.errors import DDTrainError
+from ddtrain.errors import ConfigError
 
 
 def load_and_build(config: TrainConfig, *, meta: bool = False):
@@ -20,9 +20,10 @@ def load_and_build(config: TrainConfig, *, meta: bool = False):
         from ddtrain.errors import choice_error
         raise choice_error("strategy", config.strategy, STRATEGIES)
     try:
-        data = load_dataset(config.data, val_fraction=config.val_fraction, seed=config.seed, **config.data_args)
-    except TypeError as exc:  # a --data-arg the loader does not take
-        raise DDTrainError(f"--data {config.data}: {exc}") from None
+        data = load_dataset(config.data.data, val_fraction=config.data.val_fraction, seed=config.seed,
+                            **config.data.data_args)
+    except TypeError as exc:  # a data_args key the loader does not take
+        raise ConfigError("data", f"{config.data.data}: {exc}") from None
     c, *hw = data.sample_shape
     kwargs = dict(num_classes=data.num_classes or 1, in_channels=c, input_size=tuple(hw) or (1, 1),
                   **config.model_args)
@@ -33,58 +34,56 @@ def load_and_build(config: TrainConfig, *, meta: bool = False):
     return data, build_model(config.model, **kwargs)
 
 
-def check_strategy_options(config: TrainConfig) -> None:
-    """Refuse local-sgd's settings given to a strategy that would ignore them (one message naming the flag).
+def check_run(config: TrainConfig, data, workers: int):
+    """What a resolved config asks of its strategy and data on ``workers``, checked once for both paths; returns
+    (updates per epoch, the schedule's Plan).
 
-    Only these: ``--sync-every`` is passed to every strategy by ``bench scaling``, and the older
-    strategy-specific flags keep their lenient behaviour; a user who sets ``--outer-lr`` for ddp
-    would otherwise train without the outer optimizer and never know.
+    ``validate`` runs it before any worker starts (``ddtrain train``), ``fit`` when it is called
+    (a script): strategy options the strategy does not read, a per-rank batch larger than a rank's
+    shard, more accumulation than an epoch has micro-batches, a warm-up not shorter than the run,
+    label smoothing on a task without classes.
+    The count is the loop's own (``ShardLoader.steps`` over the same ``ShardSampler``). First the
+    strategy's options, by the rule ``prepare()`` uses too (``ddtrain.sync.check_options``).
     """
-    from ddtrain.errors import ConfigError
-    from ddtrain.sync import STRATEGIES, strategy_spec
-    from ddtrain.sync.base import SyncOptions
-    from ddtrain.sync.spec import LOCAL_SGD_OPTIONS
-    spec, defaults = strategy_spec(config.strategy), SyncOptions()
-    for name in LOCAL_SGD_OPTIONS:
-        if not spec.takes_option(name) and getattr(config.sync, name) != getattr(defaults, name):
-            readers = ", ".join(n for n, s in STRATEGIES.items() if s.takes_option(name))
-            raise ConfigError(name, f"is read by {readers} only, not by --strategy {config.strategy}",
-                              flag="--" + name.replace("_", "-"))
+    from ddtrain.data.loading import steps_per_epoch
+    from ddtrain.data.sharding import ShardSampler
+    from ddtrain import recipe
+    from ddtrain.sync import check_options
+    check_options(config.strategy, config.sync)   # an option the strategy does not read, set, is refused
+    r = config.recipe
+    per_rank = len(data.train) // workers
+    if r.batch_size > per_rank:
+        where = f"{len(data.train)} training samples over {workers} worker(s) is {per_rank} each"
+        if r.global_batch_size:
+            raise ConfigError("global_batch_size", f"{r.global_batch_size} gives a per-rank batch of {r.batch_size} "
+                              f"(global_batch_size / workers / grad_accum), larger than a rank's shard: {where}")
+        raise ConfigError("batch_size", f"{r.batch_size} is larger than a rank's shard: {where}")
+    sampler = ShardSampler(len(data.train), rank=0, world_size=workers, seed=config.seed,
+                           policy=config.data.sharding, global_batch=r.global_batch_size)
+    micro = steps_per_epoch(len(sampler), r.batch_size)
+    per_epoch = recipe.updates_per_epoch(micro, r.grad_accum)
+    if per_epoch < 1:
+        raise ConfigError("grad_accum", f"{r.grad_accum} is more than the {micro} micro-batches of "
+                          f"{r.batch_size} in an epoch of a rank's shard")
+    plan = recipe.plan(r, per_epoch, epochs=config.epochs, steps=config.steps)   # the warm-up is shorter than the run
+    if r.label_smoothing and data.task != "classification":
+        raise ConfigError("label_smoothing", f"applies to classification; {data.name} is a {data.task} task")
+    return per_epoch, plan
 
 
 def validate(config: TrainConfig, workers: int) -> None:
     """Everything that can be checked before a worker starts: names, paths, sizes."""
-    from ddtrain.data.loading import steps_per_epoch
-    from ddtrain.data.sharding import ShardSampler
-    from ddtrain.errors import ConfigError
     from ddtrain.observe import tracking
-    from ddtrain.training import recipe
     if config.out and not config.out.endswith(".json"):
-        raise DDTrainError(f"--out {config.out!r} should name a .json file")
-    config = recipe.resolve(config, workers)   # --global-batch-size divides into workers x micro-batches
-    from ddtrain.sync import check_compression
-    check_compression(config.strategy, config.sync.compression)   # before any worker starts
-    check_strategy_options(config)
+        raise ConfigError("out", f"{config.out!r} should name a .json file")
+    config = config.resolved(workers)   # the global batch divides into workers x micro-batches
     data, model = load_and_build(config, meta=True)
-    sampler = ShardSampler(len(data.train), rank=0, world_size=workers, policy=config.sharding)  # n >= workers
-    per_rank = len(data.train) // workers
-    if config.batch_size > per_rank:
-        flag = "per-rank batch (--global-batch-size / workers / --grad-accum)" if config.global_batch_size \
-            else "--batch-size"
-        raise DDTrainError(f"{flag} {config.batch_size} is larger than a rank's shard: {len(data.train)} "
-                           f"training samples over {workers} worker(s) is {per_rank} each")
-    micro = steps_per_epoch(len(sampler), config.batch_size)
-    if micro < config.grad_accum:
-        raise ConfigError("grad_accum", f"{config.grad_accum} is more than the {micro} micro-batches of "
-                          f"{config.batch_size} in an epoch of a rank's shard")
-    recipe.plan(config, recipe.updates_per_epoch(micro, config.grad_accum))   # warm-up shorter than the run
-    if config.label_smoothing and data.task != "classification":
-        raise ConfigError("label_smoothing", f"applies to classification; {config.data} is a {data.task} task")
+    check_run(config, data, workers)
     tracking.check(config.tracking)   # the libraries are there and the outputs writable
     from ddtrain.reliability import checkpoint, outputs
     from ddtrain.reliability import consistency
     from ddtrain.observe import files
-    for flag, path in (("--out", config.out), ("--save", config.save)):
-        files.check_writable(path, flag)
+    for field, path in (("out", config.out), ("save", config.save)):
+        files.check_writable(path, field)
     outputs.check(config)  # no output over an input, inside the data set, or over another output
     checkpoint.check_dir(config, consistency.fingerprint(config, model, data, workers))

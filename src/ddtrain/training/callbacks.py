@@ -68,5 +68,5 @@ class TrainState:
     checkpointer: Checkpointer | None = None    # with a checkpoint_dir
     nonfinite: NonfiniteGuard | None = None
     replicas: ReplicaCheck | None = None        # on workers of a distributed run
-    schedule: Any = None                # the lr schedule (training.recipe.Schedule), when not constant
+    schedule: Any = None                # the lr schedule (ddtrain.recipe.Schedule), when not constant
     updates_per_epoch: int = 0          # optimizer steps in an epoch (micro-batches // grad_accum)

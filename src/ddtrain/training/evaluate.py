@@ -40,11 +40,12 @@ class Meter:
 
 
 def evaluate(module: nn.Module, dataset, *, worker_rank: int, workers: int, batch_size: int, device,
-             task: str, group, distributed: bool, amp: str = "off", channels_last: bool = False):
+             task: str, group, distributed: bool, amp: str = "off", channels_last: bool = False, problems=None):
     """Loss and accuracy over ``dataset``, each worker taking every ``workers``-th sample.
 
     Exact means over the whole set: every sample counted once (no padding, no dropped tail
     batch), and a worker with no sample at all (fewer samples than workers) adds zeros.
+    ``problems``: the ``ProblemLog`` bad image files are reported to (the training loader's).
     """
     classify, loss_fn = task == "classification", loss_function(task)
     meter = Meter(device, classify)
@@ -53,7 +54,7 @@ def evaluate(module: nn.Module, dataset, *, worker_rank: int, workers: int, batc
     idx = torch.arange(worker_rank, len(dataset), workers)
     if len(idx):
         loader = ShardLoader(dataset, _Fixed(idx, workers), min(batch_size, len(idx)), device,
-                             channels_last=channels_last)
+                             channels_last=channels_last, problems=problems)
         loader.steps = math.ceil(len(idx) / loader.batch_size)  # the training loader drops a 1-sample tail batch
         with torch.no_grad(), autocast(device, amp):
             for x, y in loader:

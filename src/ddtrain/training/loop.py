@@ -1,7 +1,7 @@
 """The training loop: sharded data, one strategy, metrics averaged over ranks, a results record.
 ``fit`` is what ``ddtrain train`` runs; callers with their own loop use ``ddtrain.prepare``. A
 step is one optimizer update over ``grad_accum`` micro-batches (communication on the last one
-only); the recipe (optimizer, lr schedule, clipping, label smoothing: ``training.recipe``) and
+only); the recipe (optimizer, lr schedule, clipping, label smoothing: ``ddtrain.recipe``) and
 the trackers (``observe.tracking``) come from the config. The
 loop's state is a ``TrainState``; the reliability components own their schedule (a
 ``Checkpointer`` when there is a checkpoint directory, a ``NonfiniteGuard``, a ``ReplicaCheck``
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import time
 
 import torch
@@ -20,10 +21,10 @@ import torch.nn as nn
 
 from ddtrain.config import TrainConfig
 from ddtrain.data import Data
+from ddtrain.data.images import ProblemLog, summarise
 from ddtrain.data.loading import ShardLoader
 from ddtrain.data.sharding import ShardSampler
 from ddtrain.distributed import runtime, storage
-from ddtrain.errors import ConfigError
 from ddtrain.observe import files, tracking
 from ddtrain.reliability import checkpoint_elastic, consistency, faults, stall, watchdog
 from ddtrain.distributed.job import restart_attempt
@@ -31,7 +32,9 @@ from ddtrain.reliability.checkpoint import Checkpointer
 from ddtrain.reliability.nonfinite import NonfiniteGuard
 from ddtrain.reliability.replicas import ReplicaCheck
 from ddtrain.sync import strategy_spec, wrap
-from ddtrain.training import compiled, recipe
+from ddtrain import recipe
+from ddtrain.training import compiled
+from ddtrain.training.build import check_run
 from ddtrain.training.callbacks import TrainState, bound
 from ddtrain.training.evaluate import Meter, autocast, evaluate
 from ddtrain.training.progress import PLAIN_EVERY_S, ProgressBar, epoch_line
@@ -53,18 +56,17 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     # the workers (ranks that train: not the parameter servers) fix the per-rank batch and the lr scaling
     workers = max(runtime.total_ranks() - strategy_spec(config.strategy).extra_ranks(config.sync.servers), 1) \
         if runtime.total_ranks() > 1 else 1
-    asked_accum = config.grad_accum
+    asked_accum = config.recipe.grad_accum
     # batch_size: the per-rank micro-batch; a resume keeps the global batch (grad_accum re-chosen if it must)
-    config = recipe.resolve(config, workers, resuming=bool(config.reliability.checkpoint_dir) and (
+    config = config.resolved(workers, resuming=bool(config.reliability.checkpoint_dir) and (
         config.reliability.resume or restart_attempt() > 0))
-    if config.grad_accum != asked_accum:
-        runtime.print0(f"note: --grad-accum {asked_accum} does not divide the global batch of "
-                       f"{config.global_batch_size} among {workers} workers; using --grad-accum {config.grad_accum} "
-                       f"(micro-batches of {config.batch_size}), the same training")
-    if config.label_smoothing and data.task != "classification":
-        raise ConfigError("label_smoothing", f"applies to classification; {data.name} is a {data.task} task")
+    if config.recipe.grad_accum != asked_accum:
+        runtime.print0(f"note: grad_accum {asked_accum} does not divide the global batch of "
+                       f"{config.recipe.global_batch_size} among {workers} workers; using grad_accum "
+                       f"{config.recipe.grad_accum} (micro-batches of {config.recipe.batch_size}), the same training")
+    per_epoch, plan = check_run(config, data, workers)   # batch, accumulation, warm-up, label smoothing
     trackers = tracking.trackers(config.tracking, runtime.rank())   # a missing library fails here, before training
-    optimizer = optimizer or recipe.build_optimizer(config, model, workers)
+    optimizer = optimizer or recipe.build_optimizer(config.recipe, model, workers)
     # once per process: the start-up comparison and every checkpoint header read this one
     fingerprint = consistency.fingerprint(config, model, data, runtime.total_ranks())
     consistency.check_startup(fingerprint)  # ranks that disagree refuse to start, naming rank and field
@@ -75,28 +77,29 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     # with --global-batch-size the sample order is a function of (seed, epoch, step) only: a resume
     # on another worker count trains the same samples at every step
     sampler = ShardSampler(len(data.train), rank=strategy.worker_rank, world_size=strategy.workers,
-                           seed=config.seed, policy=config.sharding,
-                           global_batch=config.global_batch_size if config.global_batch_size else 0)
-    on_device = config.data_on_device == "yes" or (config.data_on_device == "auto" and device.type == "cuda")
-    loader = ShardLoader(data.train, sampler, config.batch_size, device, workers=config.loader_workers,
-                         on_device=on_device, channels_last=config.channels_last)
-    per_epoch = recipe.updates_per_epoch(loader.steps, config.grad_accum)
-    if per_epoch < 1:
-        raise ConfigError("grad_accum", f"{config.grad_accum} is more than the {loader.steps} micro-batches of "
-                          f"{config.batch_size} in an epoch of a rank's shard")
+                           seed=config.seed, policy=config.data.sharding,
+                           global_batch=config.recipe.global_batch_size if config.recipe.global_batch_size else 0)
+    on_device = config.data.data_on_device == "yes" or (config.data.data_on_device == "auto" and device.type == "cuda")
+    # an image that cannot be decoded: one line the first time this rank meets it, counted in the record
+    problems = ProblemLog(report=lambda p: runtime.eprint(f"data: {p.line()}"))
+    loader = ShardLoader(data.train, sampler, config.recipe.batch_size, device, workers=config.data.loader_workers,
+                         on_device=on_device, channels_last=config.channels_last, problems=problems)
     epochs = config.epochs or math.ceil(config.steps / per_epoch)
     if config.steps:
         epochs = min(epochs, math.ceil(config.steps / per_epoch)) if config.epochs else epochs
     schedule = clip = None
-    if config.lr_schedule != "constant" or config.lr_warmup_steps or config.lr_warmup_epochs:
-        schedule = recipe.Schedule(optimizer, recipe.plan(config, per_epoch))
-    if config.clip_grad:
-        clip = recipe.clip_gradients(optimizer, config.clip_grad)
+    if config.recipe.lr_schedule != "constant" or config.recipe.lr_warmup_steps or config.recipe.lr_warmup_epochs:
+        schedule = recipe.Schedule(optimizer, plan)
+    if config.recipe.clip_grad:
+        clip = recipe.clip_gradients(optimizer, config.recipe.clip_grad)
     record = {"config": config.as_dict(), "world_size": runtime.total_ranks(), "workers": strategy.workers,
               "strategy": config.strategy, "role": strategy.role, "sharding": sampler.describe(),
-              "global_batch_size": config.batch_size * strategy.workers * config.grad_accum,
-              "updates_per_epoch": per_epoch, "epochs": [],
+              "global_batch_size": config.recipe.batch_size * strategy.workers * config.recipe.grad_accum,
+              "updates_per_epoch": per_epoch, "epochs": [], "data_pipeline": loader.describe(),
               "versions": files.versions(runtime.backend(), device)}
+    scanned = list(getattr(data.train, "scan_problems", ()))  # files left out before training (empty ones)
+    for p in scanned:   # a warning: shown under --quiet too, like the lines for files that fail to decode
+        runtime.print0(f"data: {p.line()}")
     info = record["reliability"] = {"attempt": restart_attempt(), "resumed_from": None, "checkpoints_written": 0,
                                     "nonfinite_skipped": [], "replica_checks": 0, "rebroadcasts": []}
     callbacks = [*callbacks, *trackers, *faults.injectors(runtime.rank())]
@@ -138,16 +141,23 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
             stall.mark(None, "serving as a parameter server")
             strategy.serve()
         else:
-            step_model = compiled.compile_model(strategy.model, config.compile_options, device) \
-                if config.compile else strategy.model
-            _train_epochs(state, step_model, loader,
-                          loss_fn or recipe.loss_function(data.task, config.label_smoothing), distributed)
+            step_model = strategy.model
+            if config.compile:
+                planned = epochs * per_epoch if not config.steps else min(config.steps, epochs * per_epoch)
+                planned = max(planned - state.step, 0)     # what is left of the run after a resume
+                chosen, why = compiled.choose(config.compile_options, device, runtime.total_ranks(), planned)
+                record["compile"] = {"options": chosen, "reason": why, "planned_steps": planned}
+                step_model = compiled.compile_model(strategy.model, config.compile_options, device, planned)
+            with step_stream(loader, device):
+                _train_epochs(state, step_model, loader,
+                              loss_fn or recipe.loss_function(data.task, config.recipe.label_smoothing), distributed)
     for handle in (schedule, clip):  # the optimizer may outlive the run (passed in by the caller)
         if handle is not None:
             handle.remove()
     strategy.finish()
     strategy.update_stats()
     record["comm"] = _gather_stats(strategy, distributed)
+    record["data_problems"] = _gather_problems(problems, scanned, distributed)
     record["final"] = {k: v for k, v in (record["epochs"][-1] if record["epochs"] else {}).items()
                        if k.startswith("val_")}
     for hook in bound(callbacks, "on_train_end"):
@@ -160,6 +170,28 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     return record
 
 
+@contextlib.contextmanager
+def step_stream(loader, device: torch.device):
+    """The training steps on a high-priority CUDA stream while an input pipeline works on a side stream.
+
+    The GPU schedules a high-priority stream's blocks first, so decoding and augmenting the next
+    batch fill the gaps the step leaves instead of slowing it (``DDTRAIN_STEP_PRIORITY=0`` turns
+    it off). Off CUDA, or without a GPU input pipeline, nothing changes.
+    """
+    if device.type != "cuda" or getattr(loader, "pipeline", None) is None or \
+            os.environ.get("DDTRAIN_STEP_PRIORITY", "1") == "0":
+        yield
+        return
+    before = torch.cuda.current_stream(device)
+    stream = torch.cuda.Stream(device, priority=-1)   # torch's high priority (0 is the default, the lowest)
+    stream.wait_stream(before)        # the parameters and optimizer state were made on the default stream
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        before.wait_stream(stream)
+
+
 def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: bool) -> None:
     config, strategy, device, data = state.config, state.strategy, state.device, state.data
     optimizer, scaler, amp = strategy.optimizer, state.scaler, config.amp
@@ -170,7 +202,8 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
     forward_backward = "forward+backward" + (" (the gradient all-reduce runs inside backward)"
                                              if strategy.spec.sync_in_backward else "")
     step, rank0 = state.step, runtime.rank() == 0 and not config.quiet
-    k, per_epoch = config.grad_accum, state.updates_per_epoch
+    compiling = config.compile
+    k, per_epoch = config.recipe.grad_accum, state.updates_per_epoch
     # the first k-1 micro-batches' backward passes communicate nothing (the strategy's no_sync:
     # DDP's own for the DDP-based strategies; the others communicate in the optimizer step anyway)
     no_sync = getattr(strategy, "no_sync", None) or getattr(strategy.model, "no_sync", None) or contextlib.nullcontext
@@ -190,6 +223,9 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
         left = min(per_epoch, steps_done + max_steps - step) if max_steps else per_epoch   # --steps may end it early
         bar = ProgressBar(left, f"Epoch {epoch}/{state.epochs}", enabled=rank0,
                           every_s=math.inf if log_every else PLAIN_EVERY_S)
+        if compiling:   # torch.compile traces and compiles in the first step: minutes, said before it starts
+            bar.phase("compiling the model (torch.compile, in the first step)")
+            compiling = False
         # steps_done > 0 only in the epoch a checkpoint stopped in: its trained batches are drawn and dropped
         batches = checkpointer.batches(loader, steps_done * k) if steps_done else loader
         for group in _groups(batches, k) if k > 1 else ([b] for b in batches):
@@ -256,8 +292,8 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
         if data.val is not None:
             logs["val_loss"], logs["val_accuracy"] = evaluate(
                 strategy.module, data.val, worker_rank=strategy.worker_rank, workers=strategy.workers,
-                batch_size=config.batch_size, device=device, task=data.task, group=strategy.group,
-                distributed=distributed, amp=amp, channels_last=config.channels_last)
+                batch_size=config.recipe.batch_size, device=device, task=data.task, group=strategy.group,
+                distributed=distributed, amp=amp, channels_last=config.channels_last, problems=loader.problems)
         state.record["epochs"].append(logs)
         if rank0:
             runtime.print0(epoch_line(epoch, state.epochs, logs))
@@ -298,6 +334,18 @@ def _accumulate(group, step_model, loss_fn, no_sync, nonfinite, scaler, device, 
     mean = sum(loss.detach() * (y.shape[0] / total) for loss, _, y in seen)
     nonfinite.check_loss(mean, step)  # skip mode: one bad micro-batch marks the whole step
     return mean, seen
+
+
+def _gather_problems(problems: ProblemLog, scanned: list, distributed: bool) -> dict:
+    """The bad files every rank met (each counted once per use), and those the scan left out."""
+    mine = problems.as_dict()
+    everyone = [mine]
+    if distributed:
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, mine)
+    scan = ProblemLog(report=lambda p: None)
+    scan.add(scanned)
+    return summarise([*everyone, scan.as_dict()])
 
 
 def _gather_stats(strategy, distributed) -> list[dict]:

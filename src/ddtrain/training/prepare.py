@@ -31,9 +31,8 @@ from torch.utils.data import DataLoader
 from ddtrain.data.sharding import check_remainder, share_size
 from ddtrain.distributed import runtime
 from ddtrain.errors import DDTrainError
+from ddtrain.sync import SyncOptions, check_options, strategy_spec, wrap
 from ddtrain.training import schedules
-from ddtrain.sync import SyncOptions, strategy_spec, wrap
-from ddtrain.sync.spec import STRATEGY_SPECIFIC
 from ddtrain.training.metrics import Placement
 from ddtrain.training.prepared_loader import PreparedLoader
 from ddtrain.training.prepared_model import PreparedModel, unwrap
@@ -87,8 +86,11 @@ def _confirm_roles(strategy: str) -> None:
 
 
 def sync_options(strategy: str, options: dict) -> SyncOptions:
-    """``options`` as SyncOptions, refusing names that are no option or that ``strategy`` does not read."""
-    spec = strategy_spec(strategy)
+    """``options`` as SyncOptions, checked by the rule ``ddtrain train`` uses (``ddtrain.sync.check_options``).
+
+    An option given by name counts as set even at its default value (``servers=1`` for ddp is
+    refused), which the command line cannot tell; the messages name the fields.
+    """
     options = dict(options)
     if "broadcast_buffers" in options:       # DDP's spelling; the CLI switch is --no-broadcast-buffers
         options["no_broadcast_buffers"] = not options.pop("broadcast_buffers")
@@ -97,15 +99,9 @@ def sync_options(strategy: str, options: dict) -> SyncOptions:
         if name not in valid:
             raise DDTrainError(f"prepare(): unknown option {name}=; valid: broadcast_buffers, "
                                f"{', '.join(sorted(valid - {'no_broadcast_buffers'}))}")
-        if name in STRATEGY_SPECIFIC and not spec.takes_option(name):
-            from ddtrain.sync import STRATEGIES
-            readers = [other.name for other in STRATEGIES.values() if name in other.options]
-            raise DDTrainError(f"prepare(): option {name}= is not read by strategy {strategy!r} "
-                               f"(only by {', '.join(readers)}); remove it or choose one of those strategies")
-    try:
-        return SyncOptions(**options)
-    except ValueError as exc:                # SyncOptions says "<field> <problem>"
-        raise DDTrainError(f"prepare(): option {exc}") from None
+    settings = SyncOptions(**options)
+    check_options(strategy, settings, explicit=options)
+    return settings
 
 
 def _check_optimizers(model: torch.nn.Module, optimizers: list) -> None:

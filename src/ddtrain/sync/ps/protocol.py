@@ -54,7 +54,7 @@ import torch.distributed as dist
 from ddtrain.distributed import runtime
 from ddtrain.comm import traffic
 from ddtrain.comm.p2p import open_comm
-from ddtrain.errors import DDTrainError
+from ddtrain.errors import ConfigError, DDTrainError
 from ddtrain.distributed.job import default_store, restart_attempt
 
 GRAD, PARAMS, STOP, HELLO, FINAL, PAUSE, SET, STATE, LOAD, ADD = range(10)
@@ -235,16 +235,20 @@ class Plan:
         return (self.name, self.name + STOP_SUFFIX, self.name + CONTROL_SUFFIX)
 
 
-def wire_dtype(name: str, spec: str) -> torch.dtype | None:
-    """The worker -> server payload type for ``--compression spec``; DDTrainError for methods servers cannot carry."""
+def wire_dtype(spec: str) -> torch.dtype | None:
+    """The worker -> server payload type for compression ``spec``; ConfigError for methods servers cannot carry.
+
+    The parameter-server strategies' ``StrategySpec.check``: ``ddtrain.sync.check_options`` runs it
+    before anything is built, so the strategy's own calls only map the name to a dtype.
+    """
     method = spec.partition(":")[0]
     if method == "none":
         return None
     if method in ("fp16", "bf16"):
         return {"fp16": torch.float16, "bf16": torch.bfloat16}[method]
-    raise DDTrainError(f"{name}: --compression {spec} is not supported with parameter servers (PowerSGD needs every "
-                       f"worker's P summed before Q can be computed, a round the servers' protocol does not have; "
-                       f"top-k has no sparse message layout there); use fp16 or bf16, or a ring/ddp strategy")
+    raise ConfigError("compression", f"{spec} is not supported with parameter servers (PowerSGD needs every "
+                      f"worker's P summed before Q can be computed, a round the servers' protocol does not have; "
+                      f"top-k has no sparse message layout there); use fp16 or bf16, or a ring/ddp strategy")
 
 
 def flat_bytes(tensors) -> torch.Tensor:

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ddtrain.distributed import runtime
-from ddtrain.errors import DDTrainError
+from ddtrain.errors import ConfigError, DDTrainError
 from ddtrain.sync.accounting import Ledger
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats
 from ddtrain.sync.buffers import BufferRule
@@ -242,7 +242,7 @@ def set_up_added_model(name: str, options: SyncOptions, model, optimizer, asynch
                 hyper=hyper_layout(spec["groups"]), group=dist.new_group(list(range(world))))
     if asynchronous and dist.get_backend() == "nccl":
         plan.pairs = {(w, srv): dist.new_group([w, srv]) for w in plan.workers for srv in plan.servers}
-    plan.wire_dtype = wire_dtype(name, options.compression)
+    plan.wire_dtype = wire_dtype(options.compression)
     return plan, spec
 
 
@@ -275,12 +275,11 @@ def build_param_server(model, optimizer, options: SyncOptions, *, asynchronous: 
         return add_worker_model(name, model, optimizer, options, asynchronous)
     world = dist.get_world_size()
     if options.servers >= world:
-        raise DDTrainError(f"{name}: --servers {options.servers} leaves no worker among {world} ranks; "
-                           f"use at least {options.servers + 1} processes")
+        raise ConfigError("servers", f"{options.servers} leaves no worker among {world} ranks ({name}); "
+                                     f"use at least {options.servers + 1} processes")
     rank = dist.get_rank()
-    compressed_to = wire_dtype(name, options.compression)   # refuses what servers cannot carry, on every rank alike
     plan = make_plan(name, model, options.servers, options.timeout_s, world, optimizer)
-    plan.wire_dtype = compressed_to
+    plan.wire_dtype = wire_dtype(options.compression)
     worker_group = dist.new_group(plan.workers)          # every rank, same order
     if asynchronous and dist.get_backend() == "nccl":
         # a group per worker-server pair, created by every rank in the same order (see serve_async)
@@ -303,9 +302,9 @@ def add_worker_model(name: str, model, optimizer, options: SyncOptions, asynchro
     """A worker's second (third...) model in a running job: ADD over the first model's link, then set it up."""
     first = _JOB["first"]
     if name != _JOB["name"] or options.servers != _JOB["servers"]:
-        raise DDTrainError(f"{name} --servers {options.servers}: this job's parameter servers already serve "
-                           f"{_JOB['name']} --servers {_JOB['servers']}; every prepare() of a job must use the same "
-                           "strategy and servers")
+        raise ConfigError("servers", f"{options.servers} ({name}): this job's parameter servers already serve "
+                                     f"{_JOB['name']} with servers {_JOB['servers']}; every prepare() of a job must "
+                                     "use the same strategy and servers", mentions=("servers",))
     first.link.exchange(ADD, "add a model")
     if asynchronous:
         first.link.paused = True       # the server took it out of the gate; its next forward says HELLO

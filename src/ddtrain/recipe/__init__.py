@@ -1,9 +1,12 @@
-"""A training recipe built from a ``TrainConfig``: batch arithmetic, the optimizer, the learning-rate schedule, clipping.
+"""The training recipe built from its settings (``RecipeConfig``): batch arithmetic, the optimizer, the lr schedule, clipping.
 
-Batch: ``--global-batch-size G`` gives each rank micro-batches of G / (workers x grad_accum).
+A leaf beside ``models`` and ``data``: it knows torch, not distribution (a worker count is a
+number) nor the loop, so ``ddtrain.config`` nests its section and ``training`` uses it.
+
+Batch: ``global_batch_size`` G gives each rank micro-batches of G / (workers x grad_accum).
 Optimizer: sgd, adam or adamw over two parameter groups when norms and biases are kept out of
-weight decay (the default for adamw), at ``--lr`` scaled by the global batch over
-``--lr-reference-batch`` (``--scale-lr linear`` as Goyal et al. 2017 and Horovod, or ``sqrt``).
+weight decay (the default for adamw), at ``lr`` scaled by the global batch over
+``lr_reference_batch`` (``scale_lr="linear"`` as Goyal et al. 2017 and Horovod, or ``"sqrt"``).
 Schedule: a ``torch.optim.lr_scheduler.LambdaLR`` over optimizer updates, the factor a pure
 function (``lr_factor``) of the update index, warm-up first. The schedule advances, and the
 gradient clipping runs, in hooks on the optimizer's own ``step``, so they act wherever that
@@ -18,27 +21,28 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from ddtrain.config import TrainConfig
 from ddtrain.errors import ConfigError
+from ddtrain.recipe.config import OPTIMIZERS, SCHEDULES, RecipeConfig
 
-OPTIMIZERS = ("sgd", "adam", "adamw")
-SCHEDULES = ("constant", "step", "multistep", "cosine", "onecycle", "linear")
+__all__ = ["OPTIMIZERS", "SCHEDULES", "Plan", "RecipeConfig", "Schedule", "build_optimizer", "clip_gradients",
+           "global_batch", "grad_accum_for", "loss_function", "lr_factor", "per_rank_batch", "plan", "resolve",
+           "scaled_lr", "updates_per_epoch", "worker_counts"]
 # torch's OneCycleLR defaults: start at max/25, end at start/1e4, 30% of the run rising
 ONECYCLE_DIV, ONECYCLE_FINAL_DIV, ONECYCLE_PCT = 25.0, 1e4, 0.3
 
 
 # ---- batch arithmetic ----
 
-def per_rank_batch(config: TrainConfig, workers: int) -> int:
-    """Samples per micro-batch on each rank: ``--global-batch-size / (workers x grad_accum)``, else ``--batch-size``."""
+def per_rank_batch(config: RecipeConfig, workers: int) -> int:
+    """Samples per micro-batch on each rank: ``global_batch_size / (workers x grad_accum)``, else ``batch_size``."""
     if not config.global_batch_size:
         return config.batch_size
     parts = workers * config.grad_accum
     if config.global_batch_size % parts:
         raise ConfigError("global_batch_size", f"{config.global_batch_size} does not divide into {workers} worker(s) "
-                          f"x --grad-accum {config.grad_accum} = {parts} equal micro-batches "
+                          f"x grad_accum {config.grad_accum} = {parts} equal micro-batches "
                           f"(nearest that do: {_near(config.global_batch_size, parts)}; worker counts that divide "
-                          f"it with --grad-accum {config.grad_accum}: "
+                          f"it with grad_accum {config.grad_accum}: "
                           f"{_listed(worker_counts(config.global_batch_size, config.grad_accum))})")
     return config.global_batch_size // parts
 
@@ -71,21 +75,21 @@ def grad_accum_for(global_batch: int, workers: int, grad_accum: int) -> int | No
     return larger[0] if larger else fits[-1]
 
 
-def global_batch(config: TrainConfig, workers: int) -> int:
+def global_batch(config: RecipeConfig, workers: int) -> int:
     """Samples per optimizer update over all workers."""
     return per_rank_batch(config, workers) * workers * config.grad_accum
 
 
-def resolve(config: TrainConfig, workers: int, resuming: bool | None = None) -> TrainConfig:
+def resolve(config: RecipeConfig, workers: int, resuming: bool = False) -> RecipeConfig:
     """``config`` with ``batch_size`` the per-rank micro-batch (what the results record stores).
 
-    ``resuming`` (default: ``--resume``): a run that continues a checkpoint keeps its global
-    batch on any worker count that divides it, with the gradient accumulation ``grad_accum_for``
-    chooses where ``--grad-accum`` does not fit (``fit`` says so in one line); a worker count
-    that does not divide the global batch is refused, naming those that do.
+    ``resuming``: a run that continues a checkpoint keeps its global batch on any worker count
+    that divides it, with the gradient accumulation ``grad_accum_for`` chooses where
+    ``grad_accum`` does not fit (``fit`` says so in one line); a worker count that does not
+    divide the global batch is refused, naming those that do. (``TrainConfig.resolved`` applies
+    it to a whole configuration.)
     """
     import dataclasses
-    resuming = config.reliability.resume if resuming is None else resuming
     total, k = config.global_batch_size, config.grad_accum
     if total and resuming and total % (workers * k):
         fits = grad_accum_for(total, workers, k)
@@ -98,15 +102,15 @@ def resolve(config: TrainConfig, workers: int, resuming: bool | None = None) -> 
     return config if batch == config.batch_size else dataclasses.replace(config, batch_size=batch)
 
 
-def scaled_lr(config: TrainConfig, workers: int) -> float:
-    """``--lr`` times (global batch / reference batch), or its square root, or 1 (``--scale-lr``)."""
+def scaled_lr(config: RecipeConfig, workers: int) -> float:
+    """``lr`` times (global batch / reference batch), or its square root, or 1 (``scale_lr``)."""
     ratio = global_batch(config, workers) / config.lr_reference_batch
     return config.lr * {"none": 1.0, "linear": ratio, "sqrt": math.sqrt(ratio)}[config.scale_lr]
 
 
 # ---- optimizer ----
 
-def excludes_norms_and_biases(config: TrainConfig) -> bool:
+def excludes_norms_and_biases(config: RecipeConfig) -> bool:
     return config.decay_exclude == "norms-biases" or (config.decay_exclude == "auto" and config.optimizer == "adamw")
 
 
@@ -126,7 +130,7 @@ def param_groups(model: nn.Module, weight_decay: float, exclude_norms_and_biases
             if g["params"]]
 
 
-def build_optimizer(config: TrainConfig, model: nn.Module, workers: int = 1) -> torch.optim.Optimizer:
+def build_optimizer(config: RecipeConfig, model: nn.Module, workers: int = 1) -> torch.optim.Optimizer:
     """The optimizer ``config`` names over ``model``'s parameters, at the scaled learning rate."""
     lr = scaled_lr(config, workers)
     groups = param_groups(model, config.weight_decay, excludes_norms_and_biases(config))
@@ -159,11 +163,11 @@ def updates_per_epoch(micro_batches: int, grad_accum: int) -> int:
     return micro_batches // grad_accum
 
 
-def plan(config: TrainConfig, per_epoch: int) -> Plan:
-    """The schedule of ``config`` for a run of ``per_epoch`` updates per epoch (checks warm-up against the run)."""
-    total = config.epochs * per_epoch if config.epochs else config.steps
-    if config.steps:
-        total = min(total, config.steps)
+def plan(config: RecipeConfig, per_epoch: int, *, epochs: int, steps: int) -> Plan:
+    """The schedule of ``config`` for a run of ``epochs`` (or ``steps``) of ``per_epoch`` updates (warm-up checked)."""
+    total = epochs * per_epoch if epochs else steps
+    if steps:
+        total = min(total, steps)
     warmup = config.lr_warmup_steps or round(config.lr_warmup_epochs * per_epoch)
     if warmup and warmup >= total:
         given = config.lr_warmup_steps or f"{config.lr_warmup_epochs:g} ({warmup} updates)"

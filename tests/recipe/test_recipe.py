@@ -5,11 +5,11 @@ import math
 import pytest
 import torch
 
-from ddtrain import TrainConfig
+from ddtrain import TrainConfig, recipe
 from ddtrain.cli.args import describe
 from ddtrain.errors import ConfigError
 from ddtrain.models import build_model
-from ddtrain.training import recipe
+from ddtrain.recipe import RecipeConfig
 
 
 def torch_lrs(make, n, lr=1.0):
@@ -25,8 +25,8 @@ def torch_lrs(make, n, lr=1.0):
 
 
 def ours(schedule, total, warmup=0, **extra):
-    config = TrainConfig(lr_schedule=schedule, steps=total, lr_warmup_steps=warmup, **extra)
-    p = recipe.plan(config, per_epoch=10)
+    config = RecipeConfig(lr_schedule=schedule, lr_warmup_steps=warmup, **extra)
+    p = recipe.plan(config, 10, epochs=0, steps=total)
     return [recipe.lr_factor(p, u) for u in range(total)]
 
 
@@ -61,10 +61,10 @@ def test_linear_step_and_multistep_are_torchs():
 
 
 def test_schedule_steps_with_the_optimizer_and_resumes_mid_run():
-    config = TrainConfig(lr_schedule="cosine", steps=10, lr_warmup_steps=3, lr=0.4)
+    config = RecipeConfig(lr_schedule="cosine", lr_warmup_steps=3, lr=0.4)
     param = torch.nn.Parameter(torch.ones(2))
     opt = torch.optim.SGD([param], lr=0.4)
-    schedule = recipe.Schedule(opt, recipe.plan(config, per_epoch=5))
+    schedule = recipe.Schedule(opt, recipe.plan(config, 5, epochs=0, steps=10))
     seen = []
     for _ in range(10):
         seen.append(opt.param_groups[0]["lr"])
@@ -77,7 +77,7 @@ def test_schedule_steps_with_the_optimizer_and_resumes_mid_run():
 
 def test_adamw_keeps_norms_and_biases_out_of_weight_decay():
     model = build_model("resnet18", num_classes=10, in_channels=3, input_size=(32, 32))
-    opt = recipe.build_optimizer(TrainConfig(optimizer="adamw", weight_decay=0.05), model)
+    opt = recipe.build_optimizer(RecipeConfig(optimizer="adamw", weight_decay=0.05), model)
     assert isinstance(opt, torch.optim.AdamW)
     decayed, free = opt.param_groups
     assert decayed["weight_decay"] == 0.05 and free["weight_decay"] == 0.0
@@ -86,38 +86,39 @@ def test_adamw_keeps_norms_and_biases_out_of_weight_decay():
                         or name == "bias"}
     assert {id(p) for p in free["params"]} == norms_and_biases
     assert len(decayed["params"]) + len(free["params"]) == len(list(model.parameters()))
-    sgd = recipe.build_optimizer(TrainConfig(optimizer="sgd", weight_decay=0.05), model)
+    sgd = recipe.build_optimizer(RecipeConfig(optimizer="sgd", weight_decay=0.05), model)
     assert len(sgd.param_groups) == 1 and sgd.param_groups[0]["weight_decay"] == 0.05   # sgd's default: decay all
 
 
 def test_global_batch_divides_into_workers_and_micro_batches():
-    config = TrainConfig(global_batch_size=128, grad_accum=2)
+    config = RecipeConfig(global_batch_size=128, grad_accum=2)
     assert recipe.per_rank_batch(config, 2) == 32 and recipe.global_batch(config, 2) == 128
     assert recipe.resolve(config, 2).batch_size == 32
+    assert TrainConfig(recipe=config).resolved(2).recipe == recipe.resolve(config, 2)
     with pytest.raises(ConfigError) as err:
-        recipe.per_rank_batch(TrainConfig(global_batch_size=100, grad_accum=2), 3)
+        recipe.per_rank_batch(RecipeConfig(global_batch_size=100, grad_accum=2), 3)
     assert describe(err.value).startswith("--global-batch-size 100 does not divide into 3 worker(s)")
     assert "96, 102" in str(err.value)
 
 
 def test_scale_lr_by_global_batch_over_the_reference():
-    config = TrainConfig(lr=0.1, batch_size=64, grad_accum=2, scale_lr="linear", lr_reference_batch=256)
+    config = RecipeConfig(lr=0.1, batch_size=64, grad_accum=2, scale_lr="linear", lr_reference_batch=256)
     assert math.isclose(recipe.scaled_lr(config, 4), 0.1 * 512 / 256)
-    config = TrainConfig(lr=0.1, batch_size=64, scale_lr="sqrt", lr_reference_batch=256)
+    config = RecipeConfig(lr=0.1, batch_size=64, scale_lr="sqrt", lr_reference_batch=256)
     assert math.isclose(recipe.scaled_lr(config, 16), 0.1 * 2)
 
 
 def test_refusals_name_the_flag_and_the_valid_choices():
     with pytest.raises(ConfigError) as err:
-        TrainConfig(lr_schedule="cosin")
+        TrainConfig.from_flat(lr_schedule="cosin")
     assert describe(err.value) == ("--lr-schedule 'cosin' is not one of: constant, step, multistep, cosine, "
                                    "onecycle, linear")
     with pytest.raises(ConfigError) as err:
-        TrainConfig(optimizer="lamb")
+        RecipeConfig(optimizer="lamb")
     assert describe(err.value) == "--optimizer 'lamb' is not one of: sgd, adam, adamw"
     with pytest.raises(ConfigError) as err:
-        recipe.plan(TrainConfig(steps=60, lr_warmup_steps=60, lr_schedule="cosine"), per_epoch=10)
+        recipe.plan(RecipeConfig(lr_warmup_steps=60, lr_schedule="cosine"), 10, epochs=0, steps=60)
     assert describe(err.value) == "--warmup-steps 60 is not shorter than the run (60 optimizer updates)"
     with pytest.raises(ConfigError) as err:
-        recipe.plan(TrainConfig(epochs=2, lr_warmup_epochs=3), per_epoch=10)
+        recipe.plan(RecipeConfig(lr_warmup_epochs=3), 10, epochs=2, steps=0)
     assert describe(err.value) == "--warmup-epochs 3 (30 updates) is not shorter than the run (20 optimizer updates)"

@@ -1,0 +1,201 @@
+"""Batched image augmentation in plain torch: the same geometry as torchvision, a whole batch per call.
+
+Training: random-resized-crop (area 0.08..1 of the image, aspect 3/4..4/3 drawn log-uniformly,
+ten tries, then torchvision's centre-crop fallback) to ``size`` x ``size``, and a horizontal flip
+half the time. Evaluation: resize the short side to ``floor(size / 0.875)`` (256 for 224, the
+long side ``int(256 * long / short)``), then the centre ``size`` x ``size`` crop, as torchvision's
+``Resize(256)`` + ``CenterCrop(224)``. Then ``/255`` and ImageNet's normalisation.
+
+Crop, resize and flip are one linear map per image and axis: an output row is a weighted sum
+of input rows, with the weights of antialiased bilinear resampling (the triangle filter widened
+by the shrink factor, renormalised at the crop's edges: what Pillow's ``crop(box).resize(size,
+BILINEAR)`` and ``torch.nn.functional.interpolate(antialias=True)`` compute). So a batch of
+images of any sizes becomes two batched matrix products, ``Wy @ image @ Wx^T``, with the
+(size x rows) and (size x columns) weight matrices computed for all images at once; the flip
+is the column weights reversed. The per-image Python work left is one slice copy of each image's
+crop region into a zero-padded batch tensor. It runs wherever the tensors are (CUDA on the
+training GPU, the CPU in tests).
+
+The crop boxes are drawn on the CPU from a ``torch.Generator``, all ten tries of every image at
+once (the first valid try is the one torchvision's loop would keep, so the distribution is the
+same).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ddtrain.data.transforms import EVAL_CROP_FRACTION, IMAGENET_MEAN, IMAGENET_STD
+
+SCALE, RATIO, TRIES = (0.08, 1.0), (3 / 4, 4 / 3), 10
+# float32 bytes of one padded chunk of crop regions: bounds the temporary memory of a batch of
+# large images (a 256-image batch of 4000x3000 photos would otherwise pad to 37 GB)
+CHUNK_BYTES = {"cuda": 768 << 20, "cpu": 128 << 20}
+
+
+def sample_boxes(heights: torch.Tensor, widths: torch.Tensor, generator: torch.Generator | None = None,
+                 scale=SCALE, ratio=RATIO, tries: int = TRIES) -> tuple[torch.Tensor, ...]:
+    """(top, left, height, width) of one random-resized-crop box per image, torchvision's algorithm, vectorised."""
+    h_img, w_img = heights.to(torch.float64), widths.to(torch.float64)
+    n = len(h_img)
+    r = torch.rand((n, tries, 2), generator=generator, dtype=torch.float64)
+    target = (h_img * w_img)[:, None] * (scale[0] + r[..., 0] * (scale[1] - scale[0]))
+    log_lo, log_hi = math.log(ratio[0]), math.log(ratio[1])
+    aspect = torch.exp(log_lo + r[..., 1] * (log_hi - log_lo))
+    w = torch.round(torch.sqrt(target * aspect))   # round half to even, as Python's round in torchvision
+    h = torch.round(torch.sqrt(target / aspect))
+    ok = (w > 0) & (w <= w_img[:, None]) & (h > 0) & (h <= h_img[:, None])
+    first = ok.to(torch.int8).argmax(1, keepdim=True)          # the first valid try
+    w, h = w.gather(1, first)[:, 0], h.gather(1, first)[:, 0]
+    found = ok.any(1)
+    # fallback: the whole image, centre-cropped to the nearest allowed aspect
+    in_ratio = w_img / h_img
+    fb_w = torch.where(in_ratio > max(ratio), torch.round(h_img * max(ratio)), w_img)
+    fb_h = torch.where(in_ratio < min(ratio), torch.round(w_img / min(ratio)), h_img)
+    w, h = torch.where(found, w, fb_w), torch.where(found, h, fb_h)
+    u = torch.rand((n, 2), generator=generator, dtype=torch.float64)
+    top = torch.where(found, torch.floor(u[:, 0] * (h_img - h + 1)), torch.floor((h_img - h) / 2))
+    left = torch.where(found, torch.floor(u[:, 1] * (w_img - w + 1)), torch.floor((w_img - w) / 2))
+    return top.long(), left.long(), h.long(), w.long()
+
+
+def eval_resize_side(size: int, fraction: float = EVAL_CROP_FRACTION) -> int:
+    """The short side the evaluation resize gives before the centre crop: floor(size / 0.875), 256 for 224 (timm's rule)."""
+    return int(math.floor(size / fraction + 1e-9))
+
+
+@dataclass
+class Axis:
+    """One axis of every image's linear map: output pixel i samples around ``src0 + (i + offset + 0.5) * step``.
+
+    Coordinates are relative to the crop region copied for the image (its first pixel ``start``,
+    ``length`` pixels); pixels outside ``[0, length)`` never contribute.
+    """
+
+    start: torch.Tensor      # (N,) int64: first pixel of the region in the image
+    length: torch.Tensor     # (N,) int64: pixels in the region
+    src0: torch.Tensor       # (N,) float64
+    step: torch.Tensor       # (N,) float64: input pixels per output pixel
+    offset: torch.Tensor     # (N,) float64: output index of the first kept pixel (the eval centre crop)
+
+
+@dataclass
+class Plan:
+    rows: Axis
+    cols: Axis
+    flip: torch.Tensor       # (N,) bool
+
+
+def train_plan(heights, widths, size: int, generator: torch.Generator | None = None, flip_p: float = 0.5) -> Plan:
+    """Random-resized-crop boxes and flips for a batch (crop first, then resize: no pixel outside the box counts)."""
+    top, left, h, w = sample_boxes(heights, widths, generator)
+    flip = torch.rand(len(top), generator=generator) < flip_p
+    zeros = torch.zeros(len(top), dtype=torch.float64)
+    return Plan(Axis(top, h, zeros, h.double() / size, zeros), Axis(left, w, zeros, w.double() / size, zeros), flip)
+
+
+def plan(heights, widths, size: int, train: bool, generator: torch.Generator | None = None) -> Plan:
+    """A batch's crops: random (training) or the centre crop (evaluation)."""
+    return train_plan(heights, widths, size, generator) if train else eval_plan(heights, widths, size)
+
+
+def eval_plan(heights, widths, size: int, fraction: float = EVAL_CROP_FRACTION) -> Plan:
+    """torchvision's ``Resize(floor(size/fraction))`` then ``CenterCrop(size)``, as a region and a map per axis."""
+    h_img, w_img = heights.to(torch.long), widths.to(torch.long)
+    side = eval_resize_side(size, fraction)
+    short = torch.minimum(h_img, w_img)
+    # torchvision: the short side becomes `side`, the long side int(side * long / short)
+    h_new = torch.where(h_img <= w_img, torch.full_like(h_img, side), (side * h_img.double() / short).floor().long())
+    w_new = torch.where(w_img < h_img, torch.full_like(w_img, side), (side * w_img.double() / short).floor().long())
+    return Plan(_eval_axis(h_img, h_new, size), _eval_axis(w_img, w_new, size), torch.zeros(len(h_img), dtype=torch.bool))
+
+
+def _eval_axis(length: torch.Tensor, resized: torch.Tensor, size: int) -> Axis:
+    step = length.double() / resized.double()
+    offset = torch.round((resized - size).double() / 2)       # CenterCrop's int(round((H - size) / 2))
+    reach = step.clamp(min=1) + 1                               # the filter's support, and a pixel to spare
+    start = torch.floor(offset * step - reach).clamp(min=0).long()
+    stop = torch.minimum(torch.ceil((offset + size) * step + reach).long(), length.long())
+    return Axis(start, stop - start, -start.double(), step, offset)
+
+
+def weights(params: torch.Tensor, size: int, padded: int, dtype=torch.float32) -> torch.Tensor:
+    """(N, size, padded) antialiased bilinear weights of each output pixel over its region's pixels.
+
+    ``params`` is (N, 4) float64 on the device: an ``Axis``'s (src0, step, offset, length) per image.
+    """
+    device = params.device
+    src0, step, offset, length = params.unbind(1)
+    i = torch.arange(size, device=device, dtype=torch.float64)
+    # the centres in float64 (N x size numbers), the (N, size, padded) weights in float32: half the memory,
+    # and positions of a few thousand pixels keep ~1e-4 pixel of precision
+    centre = (src0[:, None] + (i[None, :] + offset[:, None] + 0.5) * step[:, None]).to(dtype)   # (N, size)
+    j = torch.arange(padded, device=device, dtype=dtype) + 0.5
+    inverse = (1 / step.clamp(min=1.0)).to(dtype)[:, None, None]                               # the filter's width
+    w = (1 - (j[None, None, :] - centre[..., None]).abs_().mul_(inverse)).clamp_(min=0)       # triangle filter
+    w.mul_(j[None, None, :] < length.to(dtype)[:, None, None])                                  # only the region
+    return w.div_(w.sum(-1, keepdim=True).clamp_(min=1e-12))                                   # renormalised at edges
+
+
+def apply(images: list[torch.Tensor], plan: Plan, size: int, *, normalize: bool = True,
+          mean=IMAGENET_MEAN, std=IMAGENET_STD, chunk_bytes: int | None = None) -> torch.Tensor:
+    """(N, 3, size, size) float32 from N uint8 (3, H, W) images (any sizes, one device) and their ``plan``.
+
+    Values are in [0, 1] (``normalize=False``) or ImageNet-normalised. Images are processed in
+    chunks of similar region sizes (at most ``chunk_bytes`` of padded float32 each). Nothing here
+    waits for the device: the few per-image numbers travel through pinned memory.
+    """
+    n = len(images)
+    device = images[0].device if n else torch.device("cpu")
+    out = torch.empty((n, 3, size, size), dtype=torch.float32, device=device)
+    if not n:
+        return out
+    budget = chunk_bytes or CHUNK_BYTES.get(device.type, CHUNK_BYTES["cuda"])
+    rows_len, cols_len = plan.rows.length.tolist(), plan.cols.length.tolist()
+    order = sorted(range(n), key=lambda k: rows_len[k] * cols_len[k])   # similar sizes pad together
+    per_image = torch.stack([torch.stack([a.src0, a.step, a.offset, a.length.double()], 1)
+                             for a in (plan.rows, plan.cols)] + [plan.flip.double()[:, None].expand(n, 4)])
+    per_image = _to(per_image[:, order], device)                        # (3, N, 4), in chunk order
+    resampled = torch.empty_like(out)
+    start = 0
+    while start < n:
+        stop, hp, wp = start, 0, 0
+        while stop < n:     # grow the chunk while its padded float32 tensor fits the budget
+            k = order[stop]
+            h2, w2 = max(hp, rows_len[k]), max(wp, cols_len[k])
+            if stop > start and (stop - start + 1) * 3 * h2 * w2 * 4 > budget:
+                break
+            hp, wp, stop = h2, w2, stop + 1
+        resampled[start:stop] = _resample(images, plan, order[start:stop], per_image[:, start:stop], size, hp, wp)
+        start = stop
+    out[_to(torch.tensor(order), device)] = resampled                   # back to the batch's order
+    for c in range(3):       # scalar ops per channel: no small tensor copied to the device
+        a, b = (1 / 255 / std[c], -mean[c] / std[c]) if normalize else (1 / 255, 0.0)
+        out[:, c].mul_(a).add_(b)
+    return out
+
+
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A small host tensor on ``device`` without making the host wait (pinned, non-blocking on CUDA)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+def _resample(images, plan: Plan, chunk: list[int], params: torch.Tensor, size: int, hp: int, wp: int):
+    device = images[chunk[0]].device
+    region = torch.zeros((len(chunk), 3, hp, wp), dtype=torch.float32, device=device)
+    r0, rl = plan.rows.start.tolist(), plan.rows.length.tolist()
+    c0, cl = plan.cols.start.tolist(), plan.cols.length.tolist()
+    for slot, k in enumerate(chunk):   # the one per-image step: copy the crop region (uint8 -> float)
+        region[slot, :, :rl[k], :cl[k]] = images[k][:, r0[k]:r0[k] + rl[k], c0[k]:c0[k] + cl[k]]
+    wy = weights(params[0], size, hp)                                     # (n, size, hp)
+    wx = weights(params[1], size, wp)                                     # (n, size, wp)
+    flip = params[2, :, 0] > 0.5
+    wx = torch.where(flip[:, None, None], wx.flip(1), wx)                # a flip reverses the output columns
+    # contract the longer input axis first: fewer multiply-adds
+    if hp >= wp:
+        return (wy[:, None] @ region) @ wx[:, None].transpose(-1, -2)
+    return wy[:, None] @ (region @ wx[:, None].transpose(-1, -2))

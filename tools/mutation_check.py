@@ -112,8 +112,10 @@ MUTATIONS = [
              "        return\n",
              ["tests/reliability/test_resume_not_retrained.py"], audit="survived"),
     Mutation("hybrid-never-broadcasts", "hybrid broadcasts (and counts) a copy of rank 0's state, never its replicas",
-             "src/ddtrain/sync/hybrid.py", "broadcast_(state_tensors(self.module), counted=True)",
-             "broadcast_([t.clone() for t in state_tensors(self.module)], counted=True)",
+             "src/ddtrain/sync/hybrid.py",
+             "broadcast_(state_tensors(self.module, buffers=not self.ddp_broadcasts_buffers), counted=True)",
+             "broadcast_([t.clone() for t in state_tensors(self.module, buffers=not self.ddp_broadcasts_buffers)],"
+             " counted=True)",
              ["tests/sync/test_hybrid_broadcasts.py"], audit="survived"),
     Mutation("ps-async-ignores-a-worker", "the asynchronous parameter server applies worker 1's gradients as 0",
              "src/ddtrain/sync/ps/serve_async.py", "core.apply_(grads, core.inbox[w]",

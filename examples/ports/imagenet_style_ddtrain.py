@@ -80,7 +80,7 @@ def main(argv=None):
     train_loader = DataLoader(train_dataset, batch_size=args.batch_size, shuffle=True)
     val_loader = DataLoader(val_dataset, batch_size=100)
     model, optimizer, train_loader, val_loader = ddtrain.prepare(model, optimizer, train_loader, val_loader,
-                                                                 strategy=args.strategy)
+                                                                 strategy=args.strategy, eval_remainder="uneven")
     start_epoch, best_acc1 = 0, 0.0
     if args.resume:
         checkpoint = torch.load(args.resume)

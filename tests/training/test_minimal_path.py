@@ -21,4 +21,4 @@ def test_one_process_and_torchrun_run_the_same_script():
                   str(SCRIPT), "--epochs", "1"])
     assert multi.returncode == 0, multi.stderr
     lines = [line for line in multi.stdout.splitlines() if line.startswith("epoch")]
-    assert len(lines) == 1 and "world size 2" in lines[0] and "898 samples" in lines[0]
+    assert len(lines) == 1 and "world size 2" in lines[0] and "899 samples" in lines[0]

@@ -25,45 +25,56 @@ def shards_and_metrics():
     data = TensorDataset(torch.arange(N))
     model = torch.nn.Linear(1, 1)
     train = DataLoader(data, batch_size=3, sampler=WeightedRandomSampler(WEIGHTS, N))
-    evaluation = DataLoader(data, batch_size=4)
+    evaluation = evaluation_loader(data)
     model, _, train, evaluation = ddtrain.prepare(model, None, train, evaluation)
     epochs = []
     for epoch in range(2):
         train.sampler.set_epoch(epoch)          # as the torchrun tutorial does
         epochs.append([int(i) for (batch,) in train for i in batch])
+    per_batch = [ddtrain.gather_for_metrics(batch) for (batch,) in evaluation]    # padding left out of the last
     seen = torch.cat([batch for (batch,) in evaluation])
-    count = ddtrain.all_reduce_metric(len(seen))
-    total = ddtrain.all_reduce_metric(seen.double().sum())
+    padded = {"count": ddtrain.all_reduce_metric(len(seen)), "total": float(ddtrain.all_reduce_metric(seen.double().sum()))}
     gathered = ddtrain.gather_for_metrics(seen)
-    stream_train = ddtrain.prepare_loader(DataLoader(Stream(), batch_size=2), training=True)
+    uneven = torch.cat([batch for (batch,) in ddtrain.prepare_loader(evaluation_loader(data), remainder="uneven")])
+    exact = {"count": ddtrain.all_reduce_metric(len(uneven)), "total": float(ddtrain.all_reduce_metric(uneven.double().sum()))}
+    stream_train = ddtrain.prepare_loader(DataLoader(Stream(), batch_size=2), training=True, remainder="drop")
     stream_eval = ddtrain.prepare_loader(DataLoader(Stream(), batch_size=2))
     ddtrain.shutdown()
-    return {"epochs": epochs, "batches": len(train), "eval": seen.tolist(), "count": count, "total": float(total),
-            "gathered": gathered.tolist(), "stream_train": [list(map(int, b)) for b in stream_train],
+    return {"epochs": epochs, "batches": len(train), "eval": seen.tolist(), "padded": padded, "exact": exact,
+            "uneven": uneven.tolist(), "gathered": gathered.tolist(), "per_batch": torch.cat(per_batch).tolist(),
+            "stream_train": [list(map(int, b)) for b in stream_train],
             "stream_eval": [int(i) for b in stream_eval for i in b]}
+
+
+def evaluation_loader(data):
+    return DataLoader(data, batch_size=4)
 
 
 def test_the_users_sampler_is_sharded_and_metrics_are_exact_with_uneven_shards():
     # before: the WeightedRandomSampler was replaced by a uniform shuffle; no all_reduce_metric/gather_for_metrics;
-    # IterableDataset failed with "has no len()"
+    # IterableDataset failed with "has no len()". Issue 29: the remainder is padded as DistributedSampler pads it.
     results = run_ranks(shards_and_metrics, 3, timeout_s=180)
     for epoch in range(2):
         with torch.random.fork_rng():
             torch.manual_seed(0 + epoch)             # the seed every rank shares (prepare's seed + epoch)
             order = list(WeightedRandomSampler(WEIGHTS, N))
-        kept = order[: N - N % 3]                    # training: the remainder is dropped, equal steps
+        padded = order + order[: 3 - N % 3]          # training: DistributedSampler's padding, equal steps
         for rank, result in enumerate(results):
-            assert result["epochs"][epoch] == kept[rank::3], (epoch, rank)
+            assert result["epochs"][epoch] == padded[rank::3], (epoch, rank)
     assert [r["batches"] for r in results] == [3, 3, 3]
-    assert [len(r["eval"]) for r in results] == [8, 7, 7]          # evaluation: every sample once
-    assert sorted(i for r in results for i in r["eval"]) == list(range(N))
+    assert [len(r["eval"]) for r in results] == [8, 8, 8]          # evaluation: padded too, as DistributedSampler
+    assert sorted(i for r in results for i in r["eval"]) == sorted([*range(N), 0, 1])
+    assert [len(r["uneven"]) for r in results] == [8, 7, 7]        # remainder="uneven": every sample once
+    assert sorted(i for r in results for i in r["uneven"]) == list(range(N))
     for result in results:
-        assert result["count"] == N and result["total"] == sum(range(N))
-        assert result["gathered"] == list(range(N))                   # back in the loader's order
+        assert result["padded"] == {"count": N + 2, "total": sum(range(N)) + 0 + 1}   # the twin's sums, repeats in
+        assert result["exact"] == {"count": N, "total": sum(range(N))}
+        assert result["gathered"] == list(range(N))                   # back in the loader's order, repeats left out
+        assert result["per_batch"] == list(range(N))                  # also gathered batch by batch
     streamed = [i for r in results for batch in r["stream_train"] for i in batch]
     assert sorted(streamed) == list(range(9))                         # 3 whole groups of 3: no duplicates
     assert len({len(r["stream_train"]) for r in results}) == 1        # equal step counts on every rank
-    assert sorted(i for r in results for i in r["stream_eval"]) == list(range(11))
+    assert sorted(i for r in results for i in r["stream_eval"]) == sorted([*range(11), 0])
 
 
 class Discriminator(torch.nn.Module):

@@ -172,12 +172,15 @@ def test_iterable_datasets_are_accepted():
 
 def test_iterable_shards_split_among_loader_workers_without_duplicates():
     from ddtrain.training.prepared_loader import IterableShard
-    shares = []
-    for rank in range(3):
-        shard = IterableShard(Stream(), rank=rank, world_size=3)
-        shares.append([int(x) for batch in DataLoader(shard, batch_size=2, num_workers=2) for x in batch.flatten()])
-    assert sorted(x for share in shares for x in share) == list(range(9))          # the last incomplete group dropped
-    assert len({len(share) for share in shares}) == 1
+    for remainder, kept in (("drop", list(range(9))), ("pad", sorted([*range(11), 0]))):
+        shares = []
+        for rank in range(3):
+            shard = IterableShard(Stream(), rank=rank, world_size=3, remainder=remainder)
+            shares.append([int(x) for batch in DataLoader(shard, batch_size=2, num_workers=2) for x in batch.flatten()])
+        # drop: the last incomplete group left out; pad: completed with the stream's first element, as
+        # DistributedSampler pads with the first indices
+        assert sorted(x for share in shares for x in share) == kept, remainder
+        assert len({len(share) for share in shares}) == 1
 
 
 def test_ddp_options_and_sync_batchnorm_are_accepted():

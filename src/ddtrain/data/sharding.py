@@ -102,3 +102,42 @@ class ShardSampler(Sampler):
         else:
             rule = "shorter shards repeat their first samples to match the largest"
         return {"policy": self.policy, "samples_per_rank": self.per_rank, "remainder": rule}
+
+
+REMAINDERS = ("pad", "drop", "uneven")   # what a prepared loader does with the n mod R positions left over
+
+
+def check_remainder(remainder: str, *, training: bool) -> None:
+    """Refuse a remainder policy that is unknown, or ``uneven`` for a training loader (unequal step counts hang)."""
+    if remainder not in REMAINDERS:
+        raise DDTrainError(f"unknown remainder policy {remainder!r}; valid: {', '.join(REMAINDERS)}")
+    if training and remainder == "uneven":
+        raise DDTrainError("remainder='uneven' is for evaluation loaders only: a training loader whose ranks take "
+                           "different numbers of steps would leave some rank waiting in a collective; use 'pad' "
+                           "(DistributedSampler's default) or 'drop'")
+
+
+def share_size(n: int, rank: int, world_size: int, remainder: str = "pad") -> int:
+    """How many of ``n`` positions rank ``rank`` takes under ``remainder`` (see ``rank_share``)."""
+    if remainder == "pad":
+        return math.ceil(n / world_size)
+    if remainder == "drop":
+        return n // world_size
+    return len(range(rank, n, world_size))
+
+
+def rank_share(order: list, rank: int, world_size: int, remainder: str = "pad") -> list:
+    """Rank ``rank``'s positions r, r+R, ... of ``order``, DistributedSampler's rule over any order.
+
+    ``pad`` (DistributedSampler's default): the order is extended by its own first positions to a
+    multiple of R, so every rank takes ceil(n/R) and n mod R positions are seen twice; ``drop``
+    (``DistributedSampler(drop_last=True)``): the last n mod R positions are left out; ``uneven``
+    (evaluation only): every position exactly once, shards differing by at most one.
+    """
+    n = len(order)
+    if remainder == "pad" and n % world_size:
+        padding = math.ceil(n / world_size) * world_size - n
+        order = list(order) + (list(order) * math.ceil(padding / n))[:padding]
+    elif remainder == "drop":
+        order = order[: n - n % world_size]
+    return list(order[rank::world_size])

@@ -156,7 +156,26 @@ class Strategy:
         self.spec = None                                     # the StrategySpec it was built from (set by ``wrap``)
         self.monitor = None                                  # a DivergenceMonitor, where the strategy keeps one
         self.accumulating = 0                                # how many ``no_sync()`` contexts are open
+        self._sync_gradients = True                          # require_backward_grad_sync where no DDP holds it
         self._finished = False
+
+    @property
+    def require_backward_grad_sync(self) -> bool:
+        """DDP's switch (nanoGPT's idiom sets it to skip the all-reduce of a micro-batch): False inside ``no_sync()``.
+
+        DDP's own attribute when the model runs through DDP; otherwise this strategy's, which its
+        step reads (the parameter servers refuse a step while it is off, as inside ``no_sync()``).
+        """
+        if isinstance(self.model, DistributedDataParallel):
+            return self.model.require_backward_grad_sync
+        return self._sync_gradients
+
+    @require_backward_grad_sync.setter
+    def require_backward_grad_sync(self, value: bool) -> None:
+        if isinstance(self.model, DistributedDataParallel):
+            self.model.require_backward_grad_sync = bool(value)
+        else:
+            self._sync_gradients = bool(value)
 
     @contextmanager
     def no_sync(self):
@@ -171,12 +190,15 @@ class Strategy:
         contexts for strategies that communicate elsewhere (they override this or read it).
         """
         inner = self.model.no_sync() if isinstance(self.model, DistributedDataParallel) else nullcontext()
+        before = self._sync_gradients
         self.accumulating += 1
+        self._sync_gradients = False
         try:
             with inner:
                 yield
         finally:
             self.accumulating -= 1
+            self._sync_gradients = before
 
     def optimizer_step(self, optimizer, user_step, closure=None):
         """One ``step()`` of a prepared optimizer: ``user_step`` is the user's optimizer class's own step.
@@ -197,6 +219,9 @@ class Strategy:
     def end_epoch(self, epoch: int) -> None:
         if self.monitor is not None:
             self.monitor.end_epoch(epoch)
+
+    def last_batch(self) -> None:
+        """``prepare``'s training loader gave the last batch of a pass: the next step ends it (local-sgd averages)."""
 
     def serve(self) -> None:
         """A server's whole run (parameter servers); workers never call it."""

@@ -15,7 +15,10 @@ the first W steps average the gradients every step (DDP with the ring as its hoo
 strategy's steps), local steps after. ``--adaptive-interval`` chooses each next interval with
 ``choose_interval`` from the spread and times measured at each averaging. The run ends with an
 averaging if steps were taken since the last one, so every rank returns (and rank 0 saves) the
-same model. The record's fields are defined in docs/PERFORMANCE.md ("local-sgd's record").
+same model. On the ``prepare`` path, where ddtrain does not see the end of the script's loop,
+every pass over the training loader ends so (right after the step that follows its last batch,
+or when it is exhausted): a model evaluated after a pass, or saved after the loop, is the average.
+The record's fields are defined in docs/PERFORMANCE.md ("local-sgd's record").
 """
 from __future__ import annotations
 
@@ -24,6 +27,7 @@ import math
 import statistics
 import time
 import warnings
+import weakref
 
 import torch
 import torch.distributed as dist
@@ -67,6 +71,16 @@ def choose_interval(interval: int, divergence: float, averaging_s: float, step_s
     by_comm = math.ceil(averaging_s / (comm_fraction * step_s)) if step_s > 0 else max_interval
     by_divergence = math.floor(interval * max_divergence / divergence) if divergence > 0 else max_interval
     return max(min_interval, min(max_interval, by_comm, by_divergence, 2 * interval))
+
+
+ANCHORED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # model -> its DiLoCo strategy (a weak reference)
+
+
+def reanchor_after_load(module, _incompatible_keys) -> None:
+    """``load_state_dict`` post-hook of a DiLoCo model: re-anchor its strategy (none for a copy of the model)."""
+    strategy = ANCHORED.get(module)
+    if strategy is not None and strategy() is not None:
+        strategy().reanchor()
 
 
 class WarmupHook(HookState):
@@ -123,8 +137,11 @@ class LocalSGDStrategy(PeriodicStrategy):
             self.anchor = [p.detach().clone() for p in model.parameters()]   # the global parameters of DiLoCo
             self.outer = torch.optim.SGD(self.anchor, lr=self.outer_lr, momentum=self.outer_momentum,
                                          nesterov=self.outer_momentum > 0)
-            # parameters loaded from outside (a checkpoint's) are where the next interval starts
-            model.register_load_state_dict_post_hook(lambda module, keys: self.reanchor())
+            # parameters loaded from outside (a checkpoint's) are where the next interval starts; a
+            # module-level hook, so that the model still deep-copies and pickles (as a plain module)
+            ANCHORED[model] = weakref.ref(self)
+            model.register_load_state_dict_post_hook(reanchor_after_load)
+        self.pass_ending = False               # prepare's training loader gave its last batch of a pass
 
     @torch.no_grad()
     def reanchor(self) -> None:
@@ -132,6 +149,13 @@ class LocalSGDStrategy(PeriodicStrategy):
         if self.anchor is not None:
             for a, p in zip(self.anchor, self.module.parameters()):
                 a.copy_(p)
+
+    def unsynced(self) -> bool:
+        """Were local steps taken since the last averaging (the warm-up's steps are synchronous)?"""
+        return self.steps > max(self.synced_at, self.warmup_steps)
+
+    def last_batch(self) -> None:
+        self.pass_ending = True
 
     def due(self, steps: int) -> bool:
         if steps <= self.warmup_steps or self.every == "epoch":
@@ -141,7 +165,14 @@ class LocalSGDStrategy(PeriodicStrategy):
         return (steps - self.warmup_steps) % self.every == 0
 
     def due_at_epoch_end(self) -> bool:
-        return self.every == "epoch" and self.steps > self.warmup_steps
+        return self.every == "epoch" and self.unsynced()
+
+    def end_epoch(self, epoch: int) -> None:
+        due = self.pass_ending and self.unsynced() or self.due_at_epoch_end()   # pass_ending: no step followed its last batch
+        self.pass_ending = False
+        if due:
+            self.sync()
+        self.monitor.end_epoch(epoch, after_sync=due)
 
     def after_step(self, step: int) -> None:
         now = time.perf_counter()
@@ -155,6 +186,13 @@ class LocalSGDStrategy(PeriodicStrategy):
                 - self.ledger.start.by_operation.get(ALGORITHM, traffic.Counts()).bytes_sent
             self.synced_at = self.steps
             self.reanchor()
+        if self.pass_ending:
+            # On the prepare path a pass over the training loader ends with an averaging, so that
+            # evaluation after it, and the model a script saves after its loop (on rank 0 alone, where
+            # no collective can run), are the replicas' average (issue 29, item 5).
+            self.pass_ending = False
+            if self.unsynced():
+                self.sync()
         self.last_step_end = time.perf_counter()
 
     @torch.no_grad()
@@ -226,7 +264,7 @@ class LocalSGDStrategy(PeriodicStrategy):
             self.outer.load_state_dict(state["outer"])
 
     def close(self) -> None:
-        if self.steps > self.synced_at:
+        if self.unsynced():
             self.sync()
         if self.hook is not None:
             self.hook.close()

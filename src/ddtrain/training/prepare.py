@@ -8,7 +8,8 @@
 - the optimizer (or a list of them): an instance of a subclass of the user's optimizer class
   whose ``step()`` also runs the strategy (``prepared_optimizer``), so schedulers accept it;
 - the loaders: DataLoaders over this rank's share, batches on the device (``prepared_loader``);
-  the first is the training loader, the others evaluation loaders (nothing dropped);
+  the first is the training loader, the others evaluation loaders; the samples left over when
+  R does not divide the data set are padded as DistributedSampler pads them (``remainder``);
 - LR schedulers and a ``GradScaler`` among them: returned as they are, saved with the state.
 
 What it returns is registered for ``ddtrain.save_state``/``load_state`` (``training.state``);
@@ -17,12 +18,17 @@ signal and loads it before the training loader's first iteration, by itself; ``g
 (default: ``ddtrain run --global-batch-size``'s) makes the training order independent of the
 number of workers, so that the state loads at another world size.
 
+A learning-rate schedule sized from ``len(train_loader)`` before ``prepare`` counts the whole
+data set's batches, R times the prepared loader's: ``prepare`` refuses it (``schedules``), and
+the fix is to create it after ``prepare``.
+
 ``prepare`` may be called once per model (a GAN's generator and discriminator). Parameter-server
 ranks serve inside ``prepare`` and then leave the process (their strategy's documented exit).
 """
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import sys
 import weakref
@@ -30,10 +36,11 @@ import weakref
 import torch
 from torch.utils.data import DataLoader
 
+from ddtrain.data.sharding import check_remainder, share_size
 from ddtrain.distributed import job, runtime
 from ddtrain.errors import DDTrainError
 from ddtrain.sync import SyncOptions, check_options, strategy_spec, wrap
-from ddtrain.training import state
+from ddtrain.training import schedules, state
 from ddtrain.training.metrics import Placement
 from ddtrain.training.prepared_loader import PreparedLoader
 from ddtrain.training.prepared_model import PreparedModel, unwrap
@@ -72,6 +79,8 @@ def init(*, strategy: str | None = None, servers: int = 1, **kwargs):
 def _confirm_roles(strategy: str) -> None:
     """Roles ``init`` set for a parameter-server strategy stand only if ``prepare`` trains with one."""
     global _announced
+    if _announced is not None and runtime.world_size() == runtime.total_ranks():
+        _announced = None          # a shutdown since cleared the roles it set (a script run twice in one process)
     if _announced is None or strategy_spec(strategy).uses_servers:
         return
     named, by = _announced
@@ -118,18 +127,29 @@ def _check_optimizers(model: torch.nn.Module, optimizers: list) -> None:
                                f"(model.parameters()), after any layer replacement")
 
 
-def prepare_loader(loader: DataLoader, *, training: bool = False, seed: int = 0) -> PreparedLoader:
+def prepare_loader(loader: DataLoader, *, training: bool = False, seed: int = 0, remainder: str = "pad") -> PreparedLoader:
     """A loader prepared on its own (an evaluation loader by default), sharded among the training ranks."""
     runtime.init()
     prepared_before = Placement.workers is not None
     return PreparedLoader(loader, rank=Placement.worker_rank if prepared_before else runtime.rank(),
                           world_size=Placement.workers if prepared_before else runtime.world_size(),
-                          device=runtime.device(), seed=seed, training=training)
+                          device=runtime.device(), seed=seed, training=training, remainder=remainder)
+
+
+def prepared_batches(loader: DataLoader, workers: int, remainder: str) -> int | None:
+    """``len()`` the training loader will have once prepared among ``workers`` ranks (None: no length)."""
+    try:
+        samples = share_size(len(loader.sampler), 0, workers, remainder)
+    except TypeError:
+        return None
+    if loader.batch_size is None:
+        return None
+    return samples // loader.batch_size if loader.drop_last else math.ceil(samples / loader.batch_size)
 
 
 def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strategy: str | None = None, seed: int = 0,
             checkpoint_dir: str | None | bool = None, checkpoint_every: int = 0, global_batch_size: int | None = None,
-            grad_accum: int = 1, **options):
+            grad_accum: int = 1, remainder: str = "pad", eval_remainder: str | None = None, **options):
     """``(model, optimizer, *loaders)`` set up for ``strategy`` on this rank (see the module doc).
 
     ``optimizer``: one optimizer, a list of them (returned as a list), or None. ``loaders``:
@@ -140,14 +160,22 @@ def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strate
     ``checkpoint_every`` optimizer steps. ``global_batch_size``: samples per optimizer step over
     all workers (None: ``ddtrain run --global-batch-size``'s; 0: none), each rank's training batch
     then G / (workers x ``grad_accum``), ``grad_accum`` being the micro-batches per step.
-    ``options``: SyncOptions fields (``find_unused_parameters=True``, ``sync_every=4``,
-    ``servers=2``...) and ``broadcast_buffers``. Without loaders the third value is None
-    (``model, optimizer, _ = prepare(model, optimizer)``).
+    ``remainder``: what happens to the samples left over when the number of ranks R does not
+    divide a loader's: "pad" (DistributedSampler's default: the first ones are repeated), "drop"
+    (``DistributedSampler(drop_last=True)``); ``eval_remainder`` the same for the evaluation
+    loaders (default: ``remainder``), where "uneven" also gives every sample exactly once (shards
+    differing by one sample). With a global batch the training loader drops the samples after
+    the last whole global batch instead. ``options``: SyncOptions fields
+    (``find_unused_parameters=True``, ``sync_every=4``, ``servers=2``...) and ``broadcast_buffers``.
+    Without loaders the third value is None (``model, optimizer, _ = prepare(model, optimizer)``).
     """
     runtime.init()
     strategy = strategy or os.environ.get(STRATEGY_ENV) or "ddp"   # `ddtrain run --strategy S` sets the variable
     _confirm_roles(strategy)
     settings = sync_options(strategy, options)
+    eval_remainder = eval_remainder or remainder
+    check_remainder(remainder, training=True)
+    check_remainder(eval_remainder, training=False)
     optimizers = [] if optimizer is None else list(optimizer) if isinstance(optimizer, (list, tuple)) else [optimizer]
     if isinstance(model, PreparedModel):
         raise DDTrainError("prepare(): the model was already prepared; pass the bare model (ddtrain.unwrap(model))")
@@ -169,6 +197,13 @@ def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strate
                            "--checkpoint-dir)")
     if directory and os.path.exists(directory) and not os.path.isdir(directory):
         raise DDTrainError(f"prepare(): checkpoint_dir {directory} is a file, not a directory")
+    data_loaders = [x for x in loaders if isinstance(x, DataLoader)]
+    if data_loaders and not global_batch:
+        # before any rank serves: every rank, servers included, reaches the same verdict from the sizes alone
+        workers = runtime.total_ranks() - strategy_spec(strategy).extra_ranks(settings.servers) \
+            if runtime.total_ranks() > 1 else 1
+        schedules.check_sizes(optimizers, data_loaders[0], prepared_batches(data_loaders[0], workers, remainder),
+                              workers)
     device = runtime.device()
     model.to(device)                  # in place: the optimizers' parameters stay the model's
     synced = wrap(strategy, model, optimizers[0] if len(optimizers) == 1 else optimizers or None, settings)
@@ -184,7 +219,8 @@ def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strate
     first = next((i for i, loader in enumerate(loaders) if isinstance(loader, DataLoader)), None)
     prepared_loaders = [PreparedLoader(loader, rank=synced.worker_rank, world_size=synced.workers, device=device,
                                        seed=seed, training=index == first, strategy=synced,
-                                       global_batch=global_batch, grad_accum=grad_accum)
+                                       global_batch=global_batch, grad_accum=grad_accum,
+                                       remainder=remainder if index == first else (eval_remainder or remainder))
                         if isinstance(loader, DataLoader) else loader
                         for index, loader in enumerate(loaders)] or [None]
     if first is not None and global_batch and prepared_loaders[first].batch_size != loaders[first].batch_size:

@@ -1,15 +1,24 @@
 """The model ``prepare`` returns: one wrapper kind for every strategy and world size.
 
 ``PreparedModel`` holds the user's model as ``.module`` (as DDP does) and calls it through the
-strategy (DDP with or without a communication hook, or the bare model where a strategy
-communicates elsewhere or the world size is 1). Its ``state_dict()`` is the bare model's, so
-checkpoint keys never depend on strategy or world size, and ``load_state_dict`` also takes a
-checkpoint saved from a plain DDP model (keys prefixed ``module.``). Attributes it does not
-have are looked up on ``.module`` (``model.fc`` keeps working after ``prepare``).
+strategy (DDP with or without a communication hook, a parameter-server worker's wrapper, or the
+bare model where a strategy communicates elsewhere or the world size is 1) -- every forward,
+evaluation under ``no_grad`` included, so DDP's rule for buffers holds on every strategy that
+has it (``ddtrain.sync.buffers``): a plain-DDP script evaluates with rank 0's BatchNorm
+statistics, and so does its port. Its ``state_dict()`` is the bare model's, so checkpoint keys
+never depend on strategy or world size, and ``load_state_dict`` also takes a checkpoint saved
+from a plain DDP model (keys prefixed ``module.``). Attributes it does not have are looked up
+on ``.module`` (``model.fc`` keeps working after ``prepare``); DDP's
+``require_backward_grad_sync`` is honoured on every strategy.
+
+A copy of a prepared model (``copy.deepcopy``, ``copy.copy``, pickling, ``torch.save(model)``)
+is a copy of the bare module: an EMA or a saved model does not take part in the strategy's
+communication, and loads without ddtrain or a process group.
 """
 from __future__ import annotations
 
-import torch
+import copy
+
 from torch import nn
 from torch.nn.modules.utils import consume_prefix_in_state_dict_if_present
 
@@ -26,15 +35,31 @@ class PreparedModel(nn.Module):
         self.training = module.training     # as the user left it (no recursive train(), which would reset submodules)
 
     def forward(self, *args, **kwargs):
-        if not torch.is_grad_enabled():
-            # evaluation (no_grad/inference_mode): nothing to synchronise, so no collective runs,
-            # and evaluation loaders may give the ranks different numbers of batches
-            return self.module(*args, **kwargs)
         return self._runner(*args, **kwargs)
 
     def no_sync(self):
         """Accumulate gradients without communicating, for every strategy (``Strategy.no_sync``)."""
         return self.strategy.no_sync()
+
+    @property
+    def require_backward_grad_sync(self) -> bool:
+        """DDP's switch: set False before a micro-batch's forward to skip its gradient sync (nanoGPT), as ``no_sync()``."""
+        return self.strategy.require_backward_grad_sync
+
+    @require_backward_grad_sync.setter
+    def require_backward_grad_sync(self, value: bool) -> None:
+        self.strategy.require_backward_grad_sync = value
+
+    def __copy__(self):
+        return copy.copy(self.module)
+
+    def __deepcopy__(self, memo):
+        return copy.deepcopy(self.module, memo)
+
+    def __reduce_ex__(self, protocol):
+        # pickled (torch.save(model)) as the bare module, which unpickles as itself: (module,)[0], builtins only,
+        # so the file loads without ddtrain; hooks, process groups and threads stay here
+        return tuple.__getitem__, ((self.module,), 0)
 
     def train(self, mode: bool = True):
         super().train(mode)

@@ -15,7 +15,7 @@ Worker -> server: GRAD (version = the parameter version the gradient was compute
 header carries the hyper-parameters of every param group, read from the worker's optimizer at
 that step, so a scheduler on the worker changes what the server applies), HELLO (an async
 worker asks for parameters before computing), PAUSE (an async worker will not compute for a
-while, e.g. at an epoch end: answered at once, never gated), STOP (training is over), SET (the
+while, e.g. at an epoch end: answered at once, never gated; aux says why, ``PAUSE_REASONS``), STOP (training is over), SET (the
 worker's parameters changed outside training, e.g. a checkpoint loaded after ``prepare``: the
 server installs them), STATE (send me your optimizer state, for ``optimizer.state_dict()``),
 LOAD (install this optimizer state; aux = its size in bytes, the bytes follow in full-size
@@ -60,6 +60,10 @@ from ddtrain.distributed.job import default_store, restart_attempt
 GRAD, PARAMS, STOP, HELLO, FINAL, PAUSE, SET, STATE, LOAD, ADD = range(10)
 KIND_NAMES = {GRAD: "GRAD", PARAMS: "PARAMS", STOP: "STOP", HELLO: "HELLO", FINAL: "FINAL", PAUSE: "PAUSE",
               SET: "SET", STATE: "STATE", LOAD: "LOAD", ADD: "ADD"}
+# why a worker paused (PAUSE's aux), named by a server that then waits too long for it
+EVALUATION, COLLECTIVE, EPOCH_END, REPLICA_CHECK = 1, 2, 3, 4
+PAUSE_REASONS = {EVALUATION: "for evaluation", COLLECTIVE: "for a collective among the workers",
+                 EPOCH_END: "at the end of an epoch", REPLICA_CHECK: "for a replica check"}
 ASIDE = (SET, STATE, LOAD)     # answered at once, outside ps-sync's rounds and ps-async's gate
 FIXED_SLOTS = 3                                       # int64 kind, version, aux
 STOP_SUFFIX, CONTROL_SUFFIX = " stop", " control"     # traffic apart from the steps

@@ -114,6 +114,15 @@ class Arrivals:
             sleep = min(sleep * 2, MAX_SLEEP_S)
 
 
+def held_for(worker: int, received: dict, outstanding: dict, bound: int) -> str:
+    """The gradients waiting for ``worker``'s (the staleness bound), as a failure names them; '' if none."""
+    held = sorted(w for w in received if w != worker)
+    if not held or worker not in outstanding:
+        return ""
+    return (f"the gradient(s) of worker rank(s) {', '.join(map(str, held))} wait for its own (staleness bound {bound}): "
+            "a worker that waits for the others outside ddtrain's collectives deadlocks with them")
+
+
 def serve_async(core: ServerCore, bound: int, rule: str = "staleness", on_add=None, arrivals=None) -> None:
     """Serve until every worker has sent STOP; then send all of them the final parameters.
 
@@ -152,8 +161,9 @@ def serve_async(core: ServerCore, bound: int, rule: str = "staleness", on_add=No
             except CommError as exc:
                 core.fail(oldest[0], str(exc))
         if w is None:
-            core.fail(oldest[0], f"no message for {plan.timeout_s:g}s")
+            core.fail(oldest[0], f"no message for {plan.timeout_s:g}s", held_for(oldest[0], received, outstanding, bound))
         expected_since.pop(w, None)
+        core.heard(w)
         kind, version = core.inbox[w].read_header()
         if kind != GRAD:
             reattribute(plan.name, STOP_SUFFIX if kind == STOP else CONTROL_SUFFIX, core.inbox[w].buffer.numel(), 1)

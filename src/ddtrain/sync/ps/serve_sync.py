@@ -45,8 +45,10 @@ def serve_sync(core: ServerCore, on_add=None) -> None:
                 except CommError as exc:
                     core.fail(missing, str(exc))
             if w is None:
-                core.fail(missing, f"no message for update {core.version} in {plan.timeout_s:g}s")
-            kind = core.inbox[w].read_header()[0]
+                sent = sorted(w for w in kinds if kinds[w] == GRAD)
+                core.fail(missing, f"no message for update {core.version} in {plan.timeout_s:g}s",
+                          f"worker rank(s) {', '.join(map(str, sent))} sent their gradient for it" if sent else "")
+            kind = core.heard(w)
             if kind in ASIDE:
                 reattribute(plan.name, CONTROL_SUFFIX, core.inbox[w].buffer.numel(), 1)
                 with core.ledger.timed():

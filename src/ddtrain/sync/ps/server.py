@@ -8,6 +8,7 @@ worker in time leaves a note in the job's store naming it and fails naming it.
 from __future__ import annotations
 
 import io
+import time
 
 import torch
 import torch.distributed as dist
@@ -16,7 +17,8 @@ from ddtrain.comm.p2p import CommError, exchange, wait
 from ddtrain.errors import DDTrainError
 from ddtrain.sync.accounting import Ledger
 from ddtrain.sync.base import SyncStats
-from ddtrain.sync.ps.protocol import KIND_NAMES, LOAD, PARAMS, SET, STATE, FailureNote, Plan, unpack_bytes_, write_hyper
+from ddtrain.sync.ps.protocol import (GRAD, KIND_NAMES, LOAD, PARAMS, PAUSE, PAUSE_REASONS, SET, STATE, FailureNote, Plan,
+                                     unpack_bytes_, write_hyper)
 
 
 def to_bytes(obj) -> torch.Tensor:
@@ -107,6 +109,22 @@ class ServerCore:
         self.version = 0
         self.rank = plan.servers[index]
         self.momenta: dict[int, list] = {}      # --async-rule dana: worker -> its momentum buffer per parameter
+        self.last: dict[int, tuple] = {}        # worker -> (kind, aux, update, monotonic time) of its last message
+
+    def heard(self, worker: int) -> int:
+        """Record ``worker``'s message now in its inbox (for ``last_heard``); its kind."""
+        kind, _ = self.inbox[worker].read_header()
+        self.last[worker] = (kind, self.inbox[worker].aux(), self.version, time.monotonic())
+        return kind
+
+    def last_heard(self, worker: int) -> str:
+        """What ``worker`` said last and how long ago: what a failure names it as doing."""
+        if worker not in self.last:
+            return "it has sent nothing to this server since the start"
+        kind, aux, update, at = self.last[worker]
+        what = {GRAD: "its gradient", PAUSE: f"a pause {PAUSE_REASONS.get(aux, '')}".rstrip()}.get(
+            kind, KIND_NAMES.get(kind, str(kind)))
+        return f"its last message, {time.monotonic() - at:.1f}s ago at update {update}, was {what}"
 
     @torch.no_grad()
     def apply_(self, grads: torch.Tensor, message=None, staleness: int | None = None, mean_staleness: float = 0.0,
@@ -252,12 +270,16 @@ class ServerCore:
             except CommError as exc:
                 self.fail(w, f"could not send {KIND_NAMES[kind]} to worker rank {w}: {exc}")
 
-    def fail(self, worker: int, why: str) -> None:
-        """Leave a note naming ``worker`` for the other workers, then raise naming it."""
+    def fail(self, worker: int, why: str, detail: str = "") -> None:
+        """Leave a note naming ``worker`` and what it did last for the other workers, then raise naming it.
+
+        ``detail``: what else the server knows (other workers' gradients held for this one's).
+        """
+        known = self.last_heard(worker) + (f"; {detail}" if detail else "")
         self.note.post(f"worker rank {worker} failed or stopped answering (reported by parameter server "
-                       f"rank {self.rank})")
+                       f"rank {self.rank}): {known}")
         raise DDTrainError(f"{self.plan.name}: parameter server rank {self.rank}: worker rank {worker} "
-                           f"failed or stopped answering (timeout {self.plan.timeout_s:g}s): {why}")
+                           f"failed or stopped answering (timeout {self.plan.timeout_s:g}s): {why}; {known}")
 
 
 def connect_peers(plan, rank: int, device) -> None:

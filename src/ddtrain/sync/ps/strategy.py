@@ -17,13 +17,17 @@ import threading
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from ddtrain.distributed import runtime
 from ddtrain.errors import ConfigError, DDTrainError
 from ddtrain.sync.accounting import Ledger
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats
+from ddtrain.sync.buffers import BufferRule
 from ddtrain.sync.divergence import DivergenceMonitor
-from ddtrain.sync.ps.protocol import ADD, STOP, FailureNote, Plan, assign_shards, hyper_layout, make_plan, wire_dtype
+from ddtrain.sync.ps import guard
+from ddtrain.sync.ps.protocol import (ADD, COLLECTIVE, EPOCH_END, EVALUATION, REPLICA_CHECK, STOP, FailureNote, Plan,
+                                     assign_shards, hyper_layout, make_plan, wire_dtype)
 from ddtrain.sync.ps.serve_async import serve_async
 from ddtrain.sync.ps.serve_sync import serve_sync
 from ddtrain.sync.ps.server import ServerCore, connect_peers
@@ -88,29 +92,78 @@ class ParameterServer(Strategy):
         self.ledger.fill(self.stats)
 
 
+class WorkerModel(nn.Module):
+    """What a worker's loop calls: the user's model, with the worker's work before and after each forward.
+
+    ps-sync: DDP's buffer broadcast (``BufferRule``); ps-async: the HELLO a paused worker says
+    before computing, and the PAUSE before an evaluation. A wrapper, not hooks on the user's
+    model, so that the model deep-copies and pickles as the plain module it is.
+    """
+
+    def __init__(self, module: nn.Module, worker: ParameterWorker):
+        super().__init__()
+        self.module = module
+        object.__setattr__(self, "_worker", worker)   # not a submodule
+
+    def forward(self, *args, **kwargs):
+        self._worker.before_forward()
+        out = self.module(*args, **kwargs)
+        self._worker.after_forward()
+        return out
+
+
 class ParameterWorker(Strategy):
     """A worker rank: ``optimizer.step()`` pushes gradients and pulls parameters; ``finish`` sends STOP.
 
     The user's optimizer keeps no state here (the servers hold it): its ``state_dict()`` fetches
     the state from the servers and its ``load_state_dict()`` installs it there (torch's optimizer
-    state-dict hooks), and at ``finish`` the final state is copied into it.
+    state-dict hooks), and at ``finish`` the final state is copied into it. While it runs, the
+    script's collectives on the default group are refused and, under ps-async, the others pause
+    it first (``guard``).
     """
 
     def __init__(self, model, optimizer, link: WorkerLink, ledger: Ledger, stats: SyncStats, options: SyncOptions, *,
                  workers: int, group, asynchronous: bool):
-        super().__init__(model, WorkerOptimizer(optimizer, link), stats=stats, workers=workers,
-                         worker_rank=dist.get_rank(), group=group)
+        super().__init__(WorkerModel(model, self), WorkerOptimizer(optimizer, link), module=model, stats=stats,
+                         workers=workers, worker_rank=dist.get_rank(), group=group)
         self.link, self.ledger, self.asynchronous = link, ledger, asynchronous
+        self.name, self.servers = link.plan.name, link.plan.servers
         self.user_optimizer = optimizer     # ``no_sync()`` is Strategy's: inside it nothing is sent, as always in backward
         self.monitor = DivergenceMonitor(model, stats, group, options.check_every)
         self.hooks = [optimizer.register_state_dict_post_hook(self._state_dict_from_servers),
                       optimizer.register_load_state_dict_pre_hook(self._load_state_dict_on_servers)]
+        # ps-sync's workers step together: DDP's buffer broadcast among them. ps-async's do not (module doc of buffers).
+        self.buffers = BufferRule(model, group, options.broadcast_buffers and not asynchronous)
         if asynchronous:
             # The staleness gate must know which workers compute: a worker starts paused, says
             # HELLO before its first training forward, and pauses before anything that waits on
-            # the other workers (divergence checks, the loop's epoch-end metrics and validation).
+            # the other workers (evaluation, collectives among them, divergence checks, the
+            # loop's epoch-end metrics and validation).
             link.paused = True
-            self.hooks.append(model.register_forward_pre_hook(link.hello_if_paused))
+        guard.install(self)
+
+    def before_forward(self) -> None:
+        training = self.module.training and torch.is_grad_enabled()
+        if self.asynchronous and training:
+            self.link.hello_if_paused()
+        elif self.asynchronous and not self.link.holds_gradient():
+            # an evaluation (or a forward outside any step): the others may soon wait for this worker
+            self.link.pause(EVALUATION)
+        self.buffers.before_forward()
+
+    def after_forward(self) -> None:
+        self.buffers.after_forward(torch.is_grad_enabled() and self.require_backward_grad_sync)
+
+    def before_collective(self, what: str) -> None:
+        """ps-async: the script is about to wait for the other workers; leave the gate first (``guard``)."""
+        if not self.asynchronous or self.link.paused:
+            return
+        if self.link.holds_gradient():
+            raise DDTrainError(f"{self.name}: worker rank {dist.get_rank()} called {what} between loss.backward() "
+                               "and optimizer.step(): the servers may hold the other workers' gradients until this "
+                               "one's arrives, while they wait for it in the collective; call it after "
+                               "optimizer.step() (ps-async only)")
+        self.link.pause(COLLECTIVE)
 
     def _state_dict_from_servers(self, optimizer, state_dict: dict) -> dict:
         state_dict["state"] = self.link.state()
@@ -122,9 +175,10 @@ class ParameterWorker(Strategy):
 
     def optimizer_step(self, optimizer, user_step, closure=None):
         """The prepared optimizer's step: push the gradients, install the servers' parameters."""
-        if self.accumulating > 0:
-            raise DDTrainError("ps-sync/ps-async: optimizer.step() inside model.no_sync(): the parameter servers "
-                               "apply the step; call step() after leaving no_sync()")
+        if self.accumulating > 0 or not self.require_backward_grad_sync:
+            raise DDTrainError(f"{self.name}: optimizer.step() inside model.no_sync() (or with "
+                               "model.require_backward_grad_sync = False): the parameter servers apply the step; "
+                               "call step() after leaving no_sync() (after setting it back to True)")
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -135,22 +189,25 @@ class ParameterWorker(Strategy):
 
     def after_step(self, step: int) -> None:
         if self.asynchronous and self.monitor.check_due():
-            self.link.pause()
+            self.link.pause(REPLICA_CHECK)
         super().after_step(step)
 
     def end_epoch(self, epoch: int) -> None:
         if self.asynchronous:
-            self.link.pause()
+            self.link.pause(EPOCH_END)
         super().end_epoch(epoch)
 
     def update_stats(self) -> None:
         self.ledger.fill(self.stats)
 
     def close(self) -> None:
-        final = self.link.state()
-        self.link.exchange(STOP, "stop")
-        for hook in self.hooks:
-            hook.remove()
+        try:
+            final = self.link.state()
+            self.link.exchange(STOP, "stop")
+        finally:
+            guard.uninstall(self)
+            for hook in self.hooks:
+                hook.remove()
         groups = self.user_optimizer.state_dict()["param_groups"]
         self.user_optimizer.load_state_dict({"state": final, "param_groups": groups})   # the servers are gone now
         if _JOB.get("first") is self:

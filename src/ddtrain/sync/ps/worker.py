@@ -12,6 +12,8 @@ the server's ``FailureNote`` and names the worker the server lost, or, without a
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 import torch.distributed as dist
 
@@ -40,10 +42,25 @@ class WorkerLink:
         self.steps = 0
         self.paused = False          # ps-async: must say HELLO before computing again
         self.seen = self._param_versions()
+        self.marks = self._grad_marks()
 
     def _param_versions(self) -> list[list[int]]:
         """Each parameter's in-place version counter: bumped by load_state_dict or a hand edit, not by us after install."""
         return [[p._version for p in shard] for shard in self.plan.shards]
+
+    def _grad_marks(self) -> list:
+        """Each parameter's gradient as it is now: (a weak reference to the tensor, its version), or None."""
+        return [None if p.grad is None else (weakref.ref(p.grad), p.grad._version)
+                for shard in self.plan.shards for p in shard]
+
+    def holds_gradient(self) -> bool:
+        """Did a backward pass since the last exchange leave a gradient that the next step will send?
+
+        A gradient tensor that is new or changed in place since then (``set_to_none`` zeroing
+        leaves None, which holds nothing). Zeroing in place counts as a change.
+        """
+        return any(p.grad is not None and (mark is None or mark[0]() is not p.grad or mark[1] != p.grad._version)
+                   for p, mark in zip((p for shard in self.plan.shards for p in shard), self.marks))
 
     def exchange(self, kind: int, what: str, aux: int = 0, on_state=None) -> None:
         """Send ``kind`` to every server, wait for each answer, and install the parameters it brings."""
@@ -81,6 +98,8 @@ class WorkerLink:
                 self.versions[s] = version
                 self.pull[s].unpack_(plan.shards[s])
                 self.seen[s] = [p._version for p in plan.shards[s]]
+        if kind in (GRAD, HELLO, PAUSE):     # what the servers have seen of this worker's gradients
+            self.marks = self._grad_marks()
 
     def _wait(self, pending, server: int, what: str) -> None:
         plan = self.plan
@@ -160,15 +179,19 @@ class WorkerLink:
                     self.pull[s].unpack_(plan.shards[s])
                     self.seen[s] = [p._version for p in plan.shards[s]]
 
-    def pause(self) -> None:
-        """ps-async: tell the servers this worker stops computing (before waiting on other workers)."""
+    def pause(self, reason: int = 0) -> None:
+        """ps-async: tell the servers this worker stops computing (before waiting on other workers).
+
+        ``reason`` (``protocol.PAUSE_REASONS``) travels in the header, so that a server that
+        waits too long for this worker can say what it was doing.
+        """
         if not self.paused:
-            self.exchange(PAUSE, "pause")
+            self.exchange(PAUSE, "pause", aux=reason)
             self.paused = True
 
-    def hello_if_paused(self, module, _args) -> None:
-        """Forward pre-hook: a paused worker asks for parameters before a training forward pass."""
-        if self.paused and module.training and torch.is_grad_enabled():
+    def hello_if_paused(self) -> None:
+        """A paused worker asks for parameters before a training forward pass."""
+        if self.paused:
             self.exchange(HELLO, "hello")
             self.paused = False
 

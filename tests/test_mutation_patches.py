@@ -19,9 +19,11 @@ spec.loader.exec_module(mutation_check)
 MUTATIONS = mutation_check.MUTATIONS
 
 
-def test_the_audit_has_19_mutations_13_caught_and_6_survivors():
-    assert len(MUTATIONS) == 19 and len({m.name for m in MUTATIONS}) == 19
-    assert sum(m.audit == "survived" for m in MUTATIONS) == 6
+def test_issue_21s_19_mutations_and_issue_31s_22_each_with_its_test():
+    assert len({m.name for m in MUTATIONS}) == len(MUTATIONS) == 19 + 22
+    issue_21 = [m for m in MUTATIONS if m.audit in ("caught", "survived")]
+    assert len(issue_21) == 19 and sum(m.audit == "survived" for m in issue_21) == 6
+    assert all(m.tests for m in MUTATIONS if m.audit == "issue-31")
 
 
 @pytest.mark.parametrize("mutation", [m for m in MUTATIONS if m.old], ids=lambda m: m.name)

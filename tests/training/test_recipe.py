@@ -100,6 +100,16 @@ def test_global_batch_divides_into_workers_and_micro_batches():
     assert "96, 102" in str(err.value)
 
 
+def test_a_resize_keeps_the_global_batch_with_the_smallest_accumulation_that_fits():
+    """grad_accum_for(global batch, workers, asked): the asked value if it fits, else the smallest larger one (the
+    micro-batches no larger than asked), else the largest smaller one, None when the workers cannot share the batch."""
+    assert recipe.grad_accum_for(96, 3, 4) == 4          # 3 x 4 x 8 = 96: as asked
+    assert recipe.grad_accum_for(96, 2, 5) == 6          # 6, 8, 12, 16, 24, 48 fit: the smallest
+    assert recipe.grad_accum_for(96, 4, 16) == 24
+    assert recipe.grad_accum_for(96, 48, 16) == 2        # nothing larger fits: the largest below
+    assert recipe.grad_accum_for(96, 5, 1) is None
+
+
 def test_scale_lr_by_global_batch_over_the_reference():
     config = TrainConfig(lr=0.1, batch_size=64, grad_accum=2, scale_lr="linear", lr_reference_batch=256)
     assert math.isclose(recipe.scaled_lr(config, 4), 0.1 * 512 / 256)

@@ -88,8 +88,9 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
     if config.steps:
         epochs = min(epochs, math.ceil(config.steps / per_epoch)) if config.epochs else epochs
     schedule = clip = None
+    plan = recipe.plan(config, per_epoch)
     if config.lr_schedule != "constant" or config.lr_warmup_steps or config.lr_warmup_epochs:
-        schedule = recipe.Schedule(optimizer, recipe.plan(config, per_epoch))
+        schedule = recipe.Schedule(optimizer, plan)
     if config.clip_grad:
         clip = recipe.clip_gradients(optimizer, config.clip_grad)
     record = {"config": config.as_dict(), "world_size": runtime.total_ranks(), "workers": strategy.workers,
@@ -113,6 +114,8 @@ def fit(model: nn.Module, data: Data, config: TrainConfig, *, optimizer=None, lo
         state.checkpointer = Checkpointer(options, strategy=strategy, strategy_name=config.strategy,
                                           optimizer=optimizer, scaler=scaler, fingerprint=fingerprint, record=record,
                                           info=info, max_steps=config.steps, epochs=epochs, seed=config.seed,
+                                          schedule=recipe.schedule_record(config, plan),
+                                          schedule_change=recipe.schedule_change,
                                           elastic=checkpoint_elastic.section(
                                               config, workers=strategy.workers,
                                               servers=runtime.total_ranks() - strategy.workers if distributed else 0,

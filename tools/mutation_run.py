@@ -2,6 +2,7 @@
 
     pip install -e '.[mutation]'                                      # cosmic-ray, into the environment with torch
     python tools/mutation_run.py --plan                              # mutants per file and package; nothing run
+    python tools/mutation_run.py --baselines                         # each file's tests once, timed (for --plan)
     python tools/mutation_run.py src/ddtrain/comm/compression/cast.py   # one file
     python tools/mutation_run.py --package comm/compression          # every file of a package
     python tools/mutation_run.py --package sync --jobs 2             # two files at a time (two copies)
@@ -48,6 +49,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "results" / "mutations"
 TRIAGE = RESULTS / "triage.json"
+BASELINES = RESULTS / "baselines.json"   # each test selection's unmutated time (--baselines), for --plan's estimate
 WORKDIR = REPO / ".mutation"          # ignored by git (.gitignore): copies and sessions, per commit
 
 # ---- which tests exercise which file (default tier only; every path relative to the repository) ----
@@ -363,7 +365,7 @@ def run_file(path: str, args) -> dict:
 def summarise(path, tests, copy, session, env, args, baseline_s, timeout_s, took_s) -> dict:
     source_lines = (copy / path).read_text().splitlines()
     triage = load_triage()
-    counts = {k: 0 for k in ("killed", "timed out", "survived", "incompetent", "error", "pending", "skipped")}
+    counts = dict.fromkeys(("killed", "timed out", "survived", "incompetent", "error", "pending", "skipped"), 0)
     skipped_why: dict[str, int] = {}
     survivors = []
     for item, result in sessions(args.python, copy, session, env):
@@ -379,14 +381,23 @@ def summarise(path, tests, copy, session, env, args, baseline_s, timeout_s, took
             survivors.append({"operator": mutation["operator_name"], "occurrence": mutation["occurrence"],
                               "line": line, "source": text.strip(), "diff": result.get("diff"),
                               "triage": triage_for(path, mutation["operator_name"], text, triage)})
-    equivalent = sum(1 for s in survivors if s["triage"] and s["triage"]["verdict"] == "equivalent")
-    detected = counts["killed"] + counts["timed out"]
-    scored = detected + counts["survived"] - equivalent
-    return {"file": path, "tests": tests, "baseline_s": round(baseline_s, 1), "timeout_s": round(timeout_s),
-            "run_s": round(took_s, 1), "mutants": sum(counts.values()) - counts["skipped"], **counts,
-            "equivalent": equivalent, "untriaged": sum(1 for s in survivors if not s["triage"]),
-            "score": round(detected / scored, 4) if scored else None, "skipped_why": skipped_why,
-            "survivors": survivors}
+    row = {"file": path, "tests": tests, "baseline_s": round(baseline_s, 1), "timeout_s": round(timeout_s),
+           "run_s": round(took_s, 1), "mutants": sum(counts.values()) - counts["skipped"], **counts,
+           "skipped_why": skipped_why, "survivors": survivors}
+    return apply_triage(row, triage)
+
+
+def apply_triage(row: dict, triage: list[dict]) -> dict:
+    """Look each survivor of ``row`` up in the triage (again: ``--report`` reapplies an edited triage.json) and
+    count the equivalent ones, the untriaged ones and the score."""
+    for s in row["survivors"]:
+        s["triage"] = triage_for(row["file"], s["operator"], s["source"], triage)
+    row["equivalent"] = sum(1 for s in row["survivors"] if s["triage"] and s["triage"]["verdict"] == "equivalent")
+    row["untriaged"] = sum(1 for s in row["survivors"] if not s["triage"])
+    detected = row["killed"] + row["timed out"]
+    scored = detected + row["survived"] - row["equivalent"]
+    row["score"] = round(detected / scored, 4) if scored else None
+    return row
 
 
 def write_package(package: str, rows: list[dict], args) -> Path:
@@ -421,19 +432,20 @@ def report() -> str:
     lines = ["# Mutation testing: results per package (tools/mutation_run.py, cosmic-ray)", "",
              "Score = (killed + timed out) / (killed + timed out + survived - equivalent). "
              "Each row names the JSON it comes from.", "",
-             "| package / file | mutants | killed | timed out | survived | equivalent | untriaged | incompetent "
-             "| score | commit | from |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| package / file | files run | mutants | killed | timed out | survived | equivalent | untriaged "
+             "| incompetent | score | commit | from |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for package in PACKAGES:
         path = RESULTS / f"{package.replace('/', '-')}.json"
+        in_package = sum(1 for f in TESTS if package_of(f) == package)
         if not path.exists():
-            lines.append(f"| **{package}** | not run yet | | | | | | | | | |")
+            lines.append(f"| **{package}** | 0 of {in_package} | not run yet | | | | | | | | | |")
             continue
         record = json.loads(path.read_text())
-        for name, row in [(f"**{package}**", record["total"]),
-                          *((f"`{f.removeprefix('src/ddtrain/')}`", r) for f, r in record["files"].items())]:
+        for name, row, files in [(f"**{package}**", record["total"], f"{len(record['files'])} of {in_package}"),
+                                 *((f"`{f.removeprefix('src/ddtrain/')}`", r, "") for f, r in record["files"].items())]:
             score = f"{100 * row['score']:.1f} %" if row["score"] is not None else "-"
-            lines.append(f"| {name} | {row['mutants']} | {row['killed']} | {row['timed out']} | {row['survived']} | "
+            lines.append(f"| {name} | {files} | {row['mutants']} | {row['killed']} | {row['timed out']} | {row['survived']} | "
                          f"{row['equivalent']} | {row['untriaged']} | {row['incompetent']} | {score} | "
                          f"{record['commit']} | results/mutations/{path.name} |")
     missing = [p for p in PACKAGES if not (RESULTS / f"{p.replace('/', '-')}.json").exists()]
@@ -442,15 +454,42 @@ def report() -> str:
     return "\n".join(lines) + "\n"
 
 
-def plan(args) -> None:
-    """Mutants per file and package after the filters, without running anything (``cosmic-ray init`` only)."""
+def measure_baselines(args) -> None:
+    """Run each distinct test selection of the selected files once, unmutated; record its time (BASELINES)."""
     import tempfile
-    totals: dict[str, list[int]] = {}
+    record = json.loads(BASELINES.read_text()) if BASELINES.exists() else {"selections": {}}
+    with tempfile.TemporaryDirectory(prefix="ddtrain-mutation-baselines-") as tmp:
+        copy = Path(tmp) / "repo"
+        copy_repository(args.source, copy)
+        for tests in dict.fromkeys(tuple(TESTS[f]) for f in selected(args)):
+            start = time.monotonic()
+            done = subprocess.run(test_command(args.python, list(tests)), cwd=copy, env=environment(copy),
+                                  capture_output=True, text=True)
+            seconds = time.monotonic() - start
+            summary = (done.stdout.strip().splitlines() or [""])[-1]
+            record["selections"][" ".join(tests)] = {
+                "seconds": round(seconds, 1), "summary": summary, "exit_code": done.returncode,
+                "commit": commit_of(args.source), "load": round(os.getloadavg()[0], 1),
+                "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            print(f"# {seconds:7.1f} s  {summary}  {' '.join(tests)}", flush=True)
+    record["machine"] = f"{platform.machine()} {os.cpu_count()} CPUs"
+    BASELINES.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def plan(args) -> None:
+    """Mutants per file and package after the filters, without running anything (``cosmic-ray init`` only).
+
+    With a selection's unmutated time in BASELINES: the CPU time its mutants would take at most (every mutant
+    running the whole selection; a killed one stops at its first failing test, so a run takes less).
+    """
+    import tempfile
+    totals: dict[str, list[float]] = {}
+    known = json.loads(BASELINES.read_text())["selections"] if BASELINES.exists() else {}
     with tempfile.TemporaryDirectory(prefix="ddtrain-mutation-plan-") as tmp:
         copy = Path(tmp) / "repo"
         copy_repository(args.source, copy)
         env = environment(copy)
-        print("# file                                              generated   run  tests")
+        print("# file                                              generated   run  tests  baseline_s  at most (h)")
         for path in selected(args):
             config, session = copy / "plan.toml", Path(tmp) / (path.replace("/", "_") + ".sqlite")
             config.write_text(f'[cosmic-ray]\nmodule-path = "{path}"\ntimeout = 1.0\nexcluded-modules = []\n'
@@ -459,12 +498,19 @@ def plan(args) -> None:
             lines, spans = file_filters((copy / path).read_text())
             items = sessions(args.python, copy, session, env)
             run = sum(1 for item, _ in items if skip_reason(item["mutations"][0], lines, spans) is None)
-            print(f"  {path.removeprefix('src/ddtrain/'):<48}{len(items):>9}{run:>6}  {len(TESTS[path])}", flush=True)
-            t = totals.setdefault(package_of(path), [0, 0])
+            baseline = known.get(" ".join(TESTS[path]), {}).get("seconds")
+            hours = run * baseline / 3600 if baseline is not None else None
+            print(f"  {path.removeprefix('src/ddtrain/'):<48}{len(items):>9}{run:>6}{len(TESTS[path]):>7}"
+                  f"{baseline if baseline is not None else '-':>12}{f'{hours:.1f}' if hours is not None else '-':>13}",
+                  flush=True)
+            t = totals.setdefault(package_of(path), [0, 0, 0.0, 0])
             t[0] += len(items)
             t[1] += run
-    for package, (generated, run) in totals.items():
-        print(f"# {package:<48}{generated:>9}{run:>6}")
+            t[2] += hours or 0.0
+            t[3] += hours is None and run > 0
+    for package, (generated, run, hours, unknown) in totals.items():
+        note = f" ({unknown} files without a baseline)" if unknown else ""
+        print(f"# {package:<48}{generated:>9}{run:>6}{'':>19}{hours:>13.1f}{note}")
 
 
 def selected(args) -> list[str]:
@@ -500,14 +546,28 @@ def main(argv=None) -> int:
     parser.add_argument("--python", default=sys.executable, help="the Python that runs the tests (with torch)")
     parser.add_argument("--workdir", type=Path, default=WORKDIR, help="copies and sessions (default: %(default)s)")
     parser.add_argument("--plan", action="store_true", help="count the mutants per file; run nothing")
-    parser.add_argument("--report", action="store_true", help="write results/mutations/campaign.md; run nothing")
+    parser.add_argument("--report", action="store_true",
+                        help="reapply results/mutations/triage.json and write results/mutations/campaign.md; run nothing")
+    parser.add_argument("--baselines", action="store_true",
+                        help="time each distinct test selection once, unmutated, into results/mutations/baselines.json")
     args = parser.parse_args(argv)
     if args.report:
+        triage = load_triage()
+        for package in PACKAGES:       # the triage may have changed since the run: reapply it
+            path = RESULTS / f"{package.replace('/', '-')}.json"
+            if path.exists():
+                record = json.loads(path.read_text())
+                record["files"] = {f: apply_triage(row, triage) for f, row in record["files"].items()}
+                record["total"] = total(record["files"].values())
+                path.write_text(json.dumps(record, indent=1) + "\n")
         (RESULTS / "campaign.md").write_text(report())
         print(report())
         return 0
     if _version("cosmic-ray") == "not installed":
         parser.error("cosmic-ray is not installed in this Python: pip install -e '.[mutation]'")
+    if args.baselines:
+        measure_baselines(args)
+        return 0
     if args.plan:
         plan(args)
         return 0

@@ -11,8 +11,8 @@ run in four of the 4-rank equivalence test, when the arrival order happened to b
 
 Here the servers are driven by this test and answer in exactly that order (A: workers 0, 1;
 B: workers 1, 0), so the interleaving that deadlocked is forced on every run instead of hoped
-for. Every wait has a 5 s deadline (the workers' 7 s): the old ordering ends in a timeout,
-reported as a deadlock, never a hung test.
+for. Every wait has a 10 s deadline (the workers' 12 s; the exchange itself takes milliseconds):
+the old ordering ends in a timeout, reported as a deadlock, never a hung test.
 """
 import pytest
 import torch
@@ -27,7 +27,7 @@ from ddtrain.sync.ps.protocol import CONTROL_SUFFIX, STATE, FailureNote, make_pl
 from ddtrain.sync.ps.server import ServerCore
 from ddtrain.sync.ps.worker import WorkerLink
 
-WORLD, SERVERS, DEADLINE_S = 4, 2, 5.0
+WORLD, SERVERS, DEADLINE_S = 4, 2, 10.0
 
 
 def model_and_optimizer():

@@ -5,6 +5,7 @@
     python tools/mutation_check.py --source worktree     # a copy of the working tree instead
     python tools/mutation_check.py --list                # what each mutation changes, and its tests
     python tools/mutation_check.py --only ps-state-headers-first --repeat 10   # caught on every one of 10 runs?
+    python tools/mutation_check.py --only elastic-metrics-rank0-only -m slow --tests TEST   # another (slow) test
 
 Issue 21's audit: 19 mutations, of which 13 were caught and 6 survived (the tests passed with
 the bug in). Issue 31: 22 more (``ISSUE_31``), one per behaviour its audit found unguarded (bugs
@@ -275,12 +276,13 @@ def copy_repository(source: str, into: Path) -> str:
     return described
 
 
-def run_pytest(copy: Path, tests: list[str], timeout_s: float) -> dict:
+def run_pytest(copy: Path, tests: list[str], timeout_s: float, markers: str | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(copy / "src"), "PYTHONDONTWRITEBYTECODE": "1"}
     env.pop("RANK", None)
     start = time.monotonic()
     try:
-        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
+        done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
+                               *(["-m", markers] if markers else []), *tests],
                               cwd=copy, env=env, capture_output=True, text=True, timeout=timeout_s)
         code, output = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as exc:
@@ -294,8 +296,10 @@ def run_pytest(copy: Path, tests: list[str], timeout_s: float) -> dict:
             "output_tail": "\n".join(lines[-15:])}
 
 
-def check(mutation: Mutation, copy: Path, timeout_s: float, repeat: int = 1) -> dict:
-    row = {"name": mutation.name, "what": mutation.what, "file": mutation.file, "tests": mutation.tests,
+def check(mutation: Mutation, copy: Path, timeout_s: float, repeat: int = 1, markers: str | None = None,
+          tests: list[str] | None = None) -> dict:
+    tests = tests or mutation.tests
+    row = {"name": mutation.name, "what": mutation.what, "file": mutation.file, "tests": tests,
            "audit": mutation.audit}
     if not mutation.tests or not mutation.old:
         return {**row, "outcome": "pending", "caught": None, "seconds": 0.0,
@@ -305,7 +309,7 @@ def check(mutation: Mutation, copy: Path, timeout_s: float, repeat: int = 1) -> 
     if text.count(mutation.old) != 1:
         return {**row, "outcome": "patch does not apply", "caught": None, "seconds": 0.0,
                 "summary": f"the old snippet occurs {text.count(mutation.old)} times in {mutation.file}"}
-    missing = [t for t in mutation.tests if not (copy / t.split("::")[0]).exists()]
+    missing = [t for t in tests if not (copy / t.split("::")[0]).exists()]
     if missing:
         return {**row, "outcome": "pending", "caught": None, "seconds": 0.0,
                 "summary": f"test file missing: {', '.join(missing)}"}
@@ -313,7 +317,7 @@ def check(mutation: Mutation, copy: Path, timeout_s: float, repeat: int = 1) -> 
     runs = []
     try:
         for _ in range(repeat):       # a bug that shows only in some interleavings must be caught on every run
-            result = run_pytest(copy, mutation.tests, timeout_s)
+            result = run_pytest(copy, tests, timeout_s, markers)
             code = result["exit_code"]
             runs.append("caught" if code == 1 and result["failed"] else "survived" if code == 0 else "error")
     finally:
@@ -346,6 +350,8 @@ def main(argv=None) -> int:
                         help="copy the last commit (default) or the working tree as it is")
     parser.add_argument("--no-baseline", action="store_true", help="skip the unmutated run of the selected tests")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per pytest run")
+    parser.add_argument("--tests", nargs="*", help="run these tests instead of each mutation's own")
+    parser.add_argument("-m", dest="markers", help="pytest's -m (e.g. slow, for a slow test named with --tests)")
     parser.add_argument("--repeat", type=int, default=1, help="run each mutation's tests this many times; caught "
                         "only when every run fails (default: %(default)s)")
     parser.add_argument("--out", type=Path, default=OUT, help="the JSON table (default: %(default)s)")
@@ -367,9 +373,9 @@ def main(argv=None) -> int:
         print(f"# mutations against a copy of {described} in {copy}", flush=True)
         baseline = None
         if not args.no_baseline:
-            union = list(dict.fromkeys(t for m in selected for t in m.tests
+            union = list(dict.fromkeys(t for m in selected for t in (args.tests or m.tests)
                                        if (copy / t.split("::")[0]).exists()))
-            baseline = run_pytest(copy, union, args.timeout)
+            baseline = run_pytest(copy, union, args.timeout, args.markers)
             print(f"# baseline (no mutation, {len(union)} test selections): {baseline['summary']} "
                   f"in {baseline['seconds']} s", flush=True)
             if baseline["exit_code"] != 0:
@@ -378,7 +384,7 @@ def main(argv=None) -> int:
                 return 1
         rows = []
         for m in selected:
-            row = check(m, copy, args.timeout, args.repeat)
+            row = check(m, copy, args.timeout, args.repeat, args.markers, args.tests)
             rows.append(row)
             print(f"#   {m.name}: {row['outcome']} ({row['summary']}, {row['seconds']} s)", flush=True)
     print(table(rows))

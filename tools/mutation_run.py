@@ -15,8 +15,8 @@ sees the mutant -- the Gloo ranks of ``tests/multirank.py`` (spawned interpreter
 process and picks each mutant's tests from the calls it recorded there, so code that runs only
 in the spawned ranks (all of comm/ and sync/) would count as covered by no test.
 
-For each file: the repository (``git archive HEAD``, or the working tree) is copied to a work
-folder of its own (the real tree is never touched); the file's tests (``TESTS`` below, a table
+For each file: the repository (``git archive HEAD`` of ``COPIED``, or the working tree) is copied
+to a work folder of its own (the real tree is never touched); the file's tests (``TESTS`` below, a table
 kept by hand: the tests that exercise the file, default tier only) are run once unmutated --
 they must pass, and their time sets the per-mutant timeout (``--timeout-factor`` x that time,
 at least ``--min-timeout`` s); ``cosmic-ray init`` lists the mutants; the ones that cannot be
@@ -249,20 +249,25 @@ def commit_of(source: str) -> str:
                           check=True).stdout.strip()
 
 
+COPIED = ("src", "tests", "examples", "benchmarks", "tools", "pyproject.toml")   # what tests read (not results/)
+
+
 def copy_repository(source: str, into: Path) -> None:
-    """src/, tests/ and pyproject.toml of HEAD or the working tree into ``into`` (and the shared data beside it)."""
+    """``COPIED`` of HEAD or of the working tree into ``into`` (and the shared data beside it)."""
     if into.exists():
         return
     into.mkdir(parents=True)
     if source == "HEAD":
-        archive = subprocess.run(["git", "archive", "HEAD", "src", "tests", "pyproject.toml"], cwd=REPO,
-                                 capture_output=True, check=True).stdout
+        archive = subprocess.run(["git", "archive", "HEAD", *COPIED], cwd=REPO, capture_output=True,
+                                 check=True).stdout
         subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
     else:
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc", ".pytest_cache")
-        for name in ("src", "tests"):
-            shutil.copytree(REPO / name, into / name, ignore=ignore)
-        shutil.copy2(REPO / "pyproject.toml", into / "pyproject.toml")
+        for name in COPIED:
+            if (REPO / name).is_dir():
+                shutil.copytree(REPO / name, into / name, ignore=ignore)
+            else:
+                shutil.copy2(REPO / name, into / name)
     shared = REPO.parent / "shared"          # tests find the shared data beside the repository
     if shared.is_dir() and not (into.parent / "shared").exists():
         (into.parent / "shared").symlink_to(shared)
@@ -467,8 +472,10 @@ def measure_baselines(args) -> None:
                                   capture_output=True, text=True)
             seconds = time.monotonic() - start
             summary = (done.stdout.strip().splitlines() or [""])[-1]
+            failed = [line.split(" - ")[0].removeprefix("FAILED ") for line in done.stdout.splitlines()
+                      if line.startswith("FAILED ")]
             record["selections"][" ".join(tests)] = {
-                "seconds": round(seconds, 1), "summary": summary, "exit_code": done.returncode,
+                "seconds": round(seconds, 1), "summary": summary, "exit_code": done.returncode, "failed": failed,
                 "commit": commit_of(args.source), "load": round(os.getloadavg()[0], 1),
                 "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
             print(f"# {seconds:7.1f} s  {summary}  {' '.join(tests)}", flush=True)

@@ -216,3 +216,18 @@ def test_more_steps_at_a_constant_rate_resume_without_a_word(interrupted, capsys
     _, record = train(checkpoint_dir=str(interrupted), resume=True)
     assert "schedule_changed" not in record["reliability"]["resumed_from"]
     assert "resume-schedule-change" not in capsys.readouterr().out
+
+
+@pytest.mark.slow  # two `ddtrain train` commands
+def test_the_command_line_refuses_a_schedule_change_in_one_line_and_proceeds_with_the_flag(tmp_path):
+    from helpers import assert_one_clear_error, ddtrain
+    run = ["train", "--model", "mlp", "--data", "digits", "--batch-size", "64", "--lr-schedule", "cosine",
+           "--warmup-steps", "3", "--quiet", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    first = ddtrain(*run, "--steps", "17")
+    assert first.returncode == 0, first.stderr
+    refused = ddtrain(*run, "--steps", "30", "--resume")
+    assert_one_clear_error(refused, "another learning-rate schedule than this run's: steps 17 -> 30",
+                           "--resume-schedule-change")
+    allowed = ddtrain(*run, "--steps", "30", "--resume", "--resume-schedule-change")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "note: --resume-schedule-change: the learning-rate schedule changes at update 17" in allowed.stdout

@@ -237,9 +237,13 @@ def schedule_record(config: TrainConfig, p: Plan) -> dict:
     return {"plan": dataclasses.asdict(p), "settings": {name: flat[name] for name in SCHEDULE_SETTINGS}}
 
 
-def _plan_from(record: dict) -> Plan:
-    values = record["plan"]
-    return Plan(**{**values, "milestones": tuple(values.get("milestones", ()))})
+def _plan_from(record: dict) -> Plan | None:
+    """The Plan of a ``schedule_record`` (None when it is not one this version wrote)."""
+    values = record.get("plan") if isinstance(record, dict) else None
+    names = {f.name for f in dataclasses.fields(Plan)}
+    if not isinstance(values, dict) or set(values) != names:
+        return None
+    return Plan(**{**values, "milestones": tuple(values["milestones"])})
 
 
 def _describe(p: Plan) -> str:
@@ -257,7 +261,7 @@ def schedule_change(saved: dict, now: dict, updates: int) -> str | None:
     before it had the same lr under both (more steps at a constant lr, or a step schedule with its period given, do).
     """
     old, new = _plan_from(saved), _plan_from(now)
-    if old == new:
+    if old is None or old == new:   # None: a record of another version, which cannot be compared
         return None
     first = next((u for u in range(updates) if lr_factor(old, u) != lr_factor(new, u)), None)
     if first is None:

@@ -223,6 +223,42 @@ def test_the_cuda_code_path_runs_on_gloo_too(world):
                     tuple(sorted(r["digests"][index].items())) for r in results}) == 1
 
 
+# central's documented order: rank 0 folds x_0 + x_1 + x_2 + x_3 in rank order. In column k, x_0 = 1e8 and
+# x_k = -1e8 and the others 1: a 1 added before the -1e8 is lost (1e8 + 1 rounds to 1e8 in float32), one after
+# it is kept, so the column's sum is where rank k came; the three columns tell every order of x_1..x_3 apart
+# (checked in the test), so any other order, or the order the buffers arrive in, changes the result.
+CENTRAL_COLUMNS = torch.tensor([[1e8, 1e8, 1e8],
+                                [-1e8, 1.0, 1.0],
+                                [1.0, -1e8, 1.0],
+                                [1.0, 1.0, -1e8]], dtype=torch.float32)
+
+
+def _fold(rows) -> torch.Tensor:
+    total = rows[0].clone()
+    for row in rows[1:]:
+        total += row
+    return total
+
+
+def _central_sum():
+    group, member = subgroup(4)
+    if not member:
+        return None
+    flat = CENTRAL_COLUMNS[dist.get_rank(group)].clone()
+    return comm.all_reduce(flat, "central", op="sum", group=group)
+
+
+def test_central_reduces_in_rank_order_as_documented():
+    import itertools
+    want = _fold(CENTRAL_COLUMNS)
+    for order in itertools.permutations((1, 2, 3)):     # the columns tell every order of the others apart
+        assert order == (1, 2, 3) or not torch.equal(_fold(CENTRAL_COLUMNS[[0, *order]]), want), order
+    results = [r for r in run_ranks(_central_sum, POOL, timeout_s=TIMEOUT_S) if r is not None]
+    assert len(results) == 4
+    for got in results:
+        assert torch.equal(got, want), (got, want)
+
+
 def test_world_of_one_without_process_group_returns_at_once():
     assert not dist.is_initialized()
     for algorithm in ALGORITHMS:

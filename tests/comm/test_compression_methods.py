@@ -1,9 +1,12 @@
-"""ddtrain.comm.compression: the byte formulas by hand, and top-k and PowerSGD against hand-written references on 3 ranks.
+"""ddtrain.comm.compression: the byte formulas by hand, and top-k, PowerSGD and fp16 against hand-written references on 3 ranks.
 
 The references are written here from the papers, not from the module: top-k sparsification with
 memory (Stich et al. 2018: send the k largest of gradient + error, keep the rest), and PowerSGD's
 Algorithm 1 (Vogels et al. 2019: P = M Q summed, orthonormalised -- here by QR, the module uses
 Gram-Schmidt -- Q = Mᵀ P averaged, M ≈ P Qᵀ, error feedback, Q reused as the next step's start).
+SHAPES holds a 40x30 matrix that rank-4 PowerSGD compresses (four columns to orthogonalise: a
+Gram-Schmidt that stops early is exact at rank 2 and wrong here), and fp16 is checked with
+gradients of 40,000 on 3 ranks, where a sum before the division by R overflows float16.
 """
 import math
 
@@ -13,12 +16,15 @@ import torch
 import torch.distributed as dist
 
 from ddtrain.comm import compression, traffic
-from ddtrain.comm.compression.powersgd import PowerSGD
+from ddtrain.comm.compression.cast import Cast
+from ddtrain.comm.compression.powersgd import PowerSGD, matrix_plan
 from ddtrain.comm.compression.topk import TopK
 from multirank import run_ranks
 
 WORLD = 3
-SHAPES = [(12, 10), (12,), (6, 2, 3)]          # a matrix, a bias (never compressed), a small conv kernel
+# a matrix too small to compress at rank 4, a bias (never compressed), a small conv kernel, and a
+# 40x30 matrix that rank 4 compresses ((40 + 30) x 4 x 2 < 40 x 30)
+SHAPES = [(12, 10), (12,), (6, 2, 3), (40, 30)]
 
 
 def test_wire_bytes_formulas_by_hand():
@@ -131,6 +137,8 @@ def _powersgd_reference(steps: int = 2) -> list:
 
 
 def test_powersgd_matches_the_published_algorithm_on_three_ranks_and_sends_its_formula():
+    # rank 4 must compress a matrix here, or the orthogonalisation of its 4 columns goes unchecked
+    assert [s for s in SHAPES if matrix_plan(s, 4)[0]] == [(40, 30)]
     reference = _powersgd_reference()
     ranks = run_ranks(compressed_steps, WORLD, "powersgd")
     for averaged, _ in ranks:
@@ -139,3 +147,40 @@ def test_powersgd_matches_the_published_algorithm_on_three_ranks_and_sends_its_f
     # per rank the ring's chunks differ by an element; over the ranks: exactly R times the mean per rank
     assert sum(sent for _, sent in ranks) == pytest.approx(WORLD * 2 * compression.wire_bytes("powersgd:4", SHAPES, WORLD),
                                                            abs=1e-6)
+
+
+def test_powersgd_warmup_counts_steps_not_buffers():
+    """Two buffers per step (two DDP buckets) and 3 warm-up steps: steps 0-2 are exact (one process: the mean is the
+    buffer itself), step 3 is the first compressed one. Counting buffers would compress from step 1 (the 3rd buffer)."""
+    compressor = PowerSGD(4, 3)
+    changed = []
+    for step in range(5):
+        row = []
+        for key in (0, 1):
+            gradient = torch.randn(40 * 30, generator=torch.Generator().manual_seed(10 * step + key))
+            flat = gradient.clone()
+            compressor.all_reduce_(flat, [(40, 30)], key=key, last=key == 1)
+            row.append(not torch.equal(flat, gradient))
+        changed.append(row)
+    assert changed == [[False, False]] * 3 + [[True, True]] * 2
+
+
+CAST_VALUES = 40_000.0    # x 3 ranks = 120,000: beyond float16's largest finite value, 65,504
+
+
+def cast_mean(name: str, algorithm: str) -> torch.Tensor:
+    rank = dist.get_rank()
+    flat = CAST_VALUES + 1000.0 * rank + torch.arange(8, dtype=torch.float32)   # 40,000-42,007 on every rank
+    return Cast(name).all_reduce_(flat, algorithm=algorithm)
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+def test_16_bit_casts_divide_by_r_before_the_sum_so_large_gradients_stay_finite_on_three_ranks(name):
+    """torch's fp16/bf16 hooks divide by R before the 16-bit sum; summing first is exact on 2 ranks for small values
+    but overflows float16 here (3 x 40,000). The mean must be finite and within the 16-bit type's rounding."""
+    want = CAST_VALUES + 1000.0 + torch.arange(8, dtype=torch.float64)            # the float64 mean over ranks 0-2
+    tolerance = {"fp16": 2e-3, "bf16": 2e-2}[name]                                 # a few units in the last place
+    for algorithm in ("ring", "native"):
+        for got in run_ranks(cast_mean, WORLD, name, algorithm):
+            assert torch.isfinite(got).all(), (name, algorithm, got)
+            torch.testing.assert_close(got.double(), want, rtol=tolerance, atol=0)

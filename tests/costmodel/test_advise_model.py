@@ -103,6 +103,17 @@ def test_rank_and_first_choice():
     assert advise.first_choice(advise.rank([pred("c", 0.5, unknown)])) is None
 
 
+def test_rank_breaks_a_tie_in_time_by_fewer_bytes_then_by_label():
+    """Equal predicted step times: the method sending fewer bytes first, whatever the input order and the labels'
+    alphabetical order (the one sending more is named to sort first); equal bytes too: by label."""
+    def pred(label, bytes_per_step):
+        return advise.Prediction(method=Method(strategy=label, algorithm="ring", kind="gradient"), step_s=1.0, comm_s=0,
+                                 codec_s=0, bytes_per_step=bytes_per_step, collectives_per_step=1, risk=EXACT)
+    for order in ([pred("a-more", 200.0), pred("b-fewer", 100.0)], [pred("b-fewer", 100.0), pred("a-more", 200.0)]):
+        assert [p.method.strategy for p in advise.rank(order)] == ["b-fewer", "a-more"]
+    assert [p.method.strategy for p in advise.rank([pred("d", 5.0), pred("c", 5.0)])] == ["c", "d"]
+
+
 def test_top_distinct_takes_each_compression_once():
     net = Network(alpha_s=1e-3, bucket=TokenBucket(burst_bytes=0, beta_s_per_byte=80e-9),
                   codec_s={"fp16": 0.0, "bf16": 0.0})

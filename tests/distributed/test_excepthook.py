@@ -15,13 +15,13 @@ def raise_here(exc):
     raise exc
 
 
-def report(store, rank, exc, capsys, monkeypatch):
-    """Run the hook of a process of rank ``rank`` on ``exc`` raised by ``raise_here``; its stderr."""
+def report(store, rank, exc, capsys, monkeypatch, through=raise_here):
+    """Run the hook of a process of rank ``rank`` on ``exc`` raised by ``through`` (``raise_here``); its stderr."""
     monkeypatch.setattr(excepthook, "_installed", False)
     monkeypatch.setattr(sys, "excepthook", sys.__excepthook__)
     excepthook.install(rank, lambda: store)
     try:
-        raise_here(exc)
+        through(exc)
     except BaseException as caught:
         sys.excepthook(type(caught), caught, caught.__traceback__)
     return capsys.readouterr().err
@@ -42,6 +42,30 @@ def test_a_different_error_is_printed_in_full(capsys, monkeypatch):
     report(store, 0, ValueError("x"), capsys, monkeypatch)
     other = report(store, 1, KeyError("y"), capsys, monkeypatch)
     assert "Traceback (most recent call last)" in other and "KeyError: 'y'" in other
+
+
+def through_loading(exc):
+    raise_here(exc)
+
+
+def through_training(exc):
+    raise_here(exc)
+
+
+def test_the_same_line_reached_through_another_call_chain_is_another_error(capsys, monkeypatch):
+    """The key is every frame, not the innermost one: a helper that fails when called from loading and from training
+    fails at two places, and each gets its traceback printed; the same chain with another message is the same error."""
+    def key(call, message):
+        try:
+            call(ValueError(message))
+        except ValueError as caught:
+            return excepthook.error_key(ValueError, caught.__traceback__)
+    assert key(through_loading, "a") == key(through_loading, "b")
+    assert key(through_loading, "a") != key(through_training, "a")
+    store = dist.HashStore()
+    report(store, 0, ValueError("x"), capsys, monkeypatch, through=through_loading)
+    other = report(store, 1, ValueError("x"), capsys, monkeypatch, through=through_training)
+    assert "Traceback (most recent call last)" in other and "through_training" in other
 
 
 def test_without_a_store_every_rank_prints_its_traceback(capsys, monkeypatch):

@@ -101,6 +101,43 @@ def test_global_batch_divides_into_workers_and_micro_batches():
     assert "96, 102" in str(err.value)
 
 
+def test_a_resize_keeps_the_global_batch_with_the_smallest_accumulation_that_fits():
+    """grad_accum_for(global batch, workers, asked): the asked value if it fits, else the smallest larger one (the
+    micro-batches no larger than asked), else the largest smaller one, None when the workers cannot share the batch."""
+    assert recipe.grad_accum_for(96, 3, 4) == 4          # 3 x 4 x 8 = 96: as asked
+    assert recipe.grad_accum_for(96, 2, 5) == 6          # 6, 8, 12, 16, 24, 48 fit: the smallest
+    assert recipe.grad_accum_for(96, 4, 16) == 24
+    assert recipe.grad_accum_for(96, 48, 16) == 2        # nothing larger fits: the largest below
+    assert recipe.grad_accum_for(96, 5, 1) is None
+
+
+def record(per_epoch=10, **settings):
+    config = TrainConfig.from_flat(**settings)
+    return recipe.schedule_record(config, recipe.plan(config, per_epoch))
+
+
+def test_a_schedule_change_is_one_that_gives_an_update_already_trained_another_lr():
+    """Resuming after 17 updates: cosine over 17 -> 30 changes updates 1-16; more steps at a constant lr, or a step
+    schedule whose period is given, leave every trained update's lr as it was (an uninterrupted run's)."""
+    change = recipe.schedule_change(record(steps=17, lr_schedule="cosine"), record(steps=30, lr_schedule="cosine"), 17)
+    assert change == ("steps 17 -> 30: cosine over 17 updates -> cosine over 30 updates; update 1 trained at "
+                      "0.9915 x the peak lr, which these settings give 0.9973")
+    assert recipe.schedule_change(record(steps=17), record(steps=30), 17) is None
+    step = dict(lr_schedule="step", lr_step_epochs=1)
+    assert recipe.schedule_change(record(steps=30, **step), record(steps=60, **step), 30) is None
+    assert "lr_warmup_steps 2 -> 4" in recipe.schedule_change(record(steps=30, lr_warmup_steps=2),
+                                                              record(steps=30, lr_warmup_steps=4), 10)
+    assert "the updates per epoch" in recipe.schedule_change(record(epochs=2, lr_schedule="linear"),
+                                                             record(20, epochs=2, lr_schedule="linear"), 5)
+    # cosine over 17 -> 30 after 3 of warm-up: the warm-up's updates 0-3 are equal, update 4 is the first changed
+    warm = recipe.schedule_change(record(steps=17, lr_schedule="cosine", lr_warmup_steps=3),
+                                  record(steps=30, lr_schedule="cosine", lr_warmup_steps=3), 17)
+    assert "update 4 trained at" in warm
+    assert recipe.schedule_change(record(steps=17, lr_schedule="cosine", lr_warmup_steps=3),
+                                  record(steps=30, lr_schedule="cosine", lr_warmup_steps=3), 4) is None
+    assert recipe.schedule_change({"plan": {"schedule": "cosine"}}, record(steps=30), 17) is None   # another version
+
+
 def test_scale_lr_by_global_batch_over_the_reference():
     config = RecipeConfig(lr=0.1, batch_size=64, grad_accum=2, scale_lr="linear", lr_reference_batch=256)
     assert math.isclose(recipe.scaled_lr(config, 4), 0.1 * 512 / 256)

@@ -137,3 +137,97 @@ def test_a_checkpoint_cannot_execute_code(tmp_path):
 def test_resume_refuses_a_checkpoint_of_another_configuration(interrupted):
     with pytest.raises(DDTrainError, match=r"does not fit this run: it has batch_size=64 vs 32"):
         train(checkpoint_dir=str(interrupted), resume=True, batch_size=32)
+
+
+# ---- the learning-rate schedule across a resume ----
+
+COSINE = dict(SETTINGS, lr_schedule="cosine", lr_warmup_steps=3)
+
+
+class Crash(Exception):
+    pass
+
+
+class CrashAfter:
+    """A callback that ends the run with an exception after ``step`` (its checkpoint is written by then)."""
+
+    def __init__(self, step):
+        self.step = step
+
+    def on_step_end(self, step, logs, state):
+        if step == self.step:
+            raise Crash(step)
+
+
+def train_cosine(callbacks=(), **overrides):
+    config = TrainConfig.from_flat(**{**COSINE, **overrides})
+    data, model = load_and_build(config)
+    record = fit(model, data, config, callbacks=callbacks)
+    return model.state_dict(), record
+
+
+def test_a_run_resumed_mid_schedule_takes_the_uninterrupted_runs_learning_rates(tmp_path):
+    """Cosine over 30 steps (3 of warm-up), crashed at step 17 and resumed: the lr of updates 18-30 is the schedule's,
+    not a schedule restarted at update 0 (which would end on other parameters)."""
+    reference, _ = train_cosine()
+    folder = tmp_path / "ckpt"
+    with pytest.raises(Crash):
+        train_cosine([CrashAfter(17)], checkpoint_dir=str(folder), checkpoint_every=17)
+    state, record = train_cosine(checkpoint_dir=str(folder), checkpoint_every=17, resume=True)
+    assert record["reliability"]["resumed_from"]["step"] == 17
+    assert same(state, reference)
+
+
+@pytest.fixture(scope="module")
+def cosine_stopped(tmp_path_factory):
+    """A cosine run of --steps 17 (its checkpoint written at its last step)."""
+    folder = tmp_path_factory.mktemp("cosine") / "ckpt"
+    train_cosine(steps=17, checkpoint_dir=str(folder))
+    return folder
+
+
+def test_a_resume_that_changes_the_schedule_is_refused_naming_the_setting(cosine_stopped, tmp_path):
+    """--steps 17 resumed with --steps 30: cosine over 17 updates so far, over 30 now; an uninterrupted 30-step run
+    would have trained updates 4-16 at other rates. Refused, naming the setting and the two schedules."""
+    folder = Path(shutil.copytree(cosine_stopped, tmp_path / "ckpt"))
+    before = {p.name: p.read_bytes() for _, p in checkpoint.listing(folder)}
+    with pytest.raises(DDTrainError, match=r"another learning-rate schedule than this run's: steps 17 -> 30: "
+                                           r"cosine over 17 updates after 3 warm-up -> cosine over 30 updates "
+                                           r"after 3 warm-up; update 4 trained at 0.9875 x the peak lr, which "
+                                           r"these settings give 0.9966; .* --resume-schedule-change"):
+        train_cosine(steps=30, checkpoint_dir=str(folder), resume=True)
+    assert {p.name: p.read_bytes() for _, p in checkpoint.listing(folder)} == before
+    with pytest.raises(DDTrainError, match=r"lr_schedule 'cosine' -> 'linear'"):
+        train_cosine(steps=17, lr_schedule="linear", checkpoint_dir=str(folder), resume=True)
+
+
+def test_with_resume_schedule_change_the_resume_proceeds_and_says_so(cosine_stopped, tmp_path, capsys):
+    folder = Path(shutil.copytree(cosine_stopped, tmp_path / "ckpt"))
+    _, record = train_cosine(steps=30, checkpoint_dir=str(folder), resume=True, resume_schedule_change=True)
+    resumed = record["reliability"]["resumed_from"]
+    assert resumed["step"] == 17 and resumed["schedule_changed"].startswith("steps 17 -> 30: ")
+    assert "note: --resume-schedule-change: the learning-rate schedule changes at update 17 (steps 17 -> 30" \
+        in capsys.readouterr().out
+    assert sum(e["steps"] for e in record["epochs"]) == 30
+
+
+def test_more_steps_at_a_constant_rate_resume_without_a_word(interrupted, capsys):
+    """The existing resume: --steps 17 then --steps 30 at a constant lr trains what an uninterrupted 30-step run does."""
+    _, record = train(checkpoint_dir=str(interrupted), resume=True)
+    assert "schedule_changed" not in record["reliability"]["resumed_from"]
+    assert "resume-schedule-change" not in capsys.readouterr().out
+
+
+@pytest.mark.slow  # two `ddtrain train` commands
+def test_the_command_line_refuses_a_schedule_change_in_one_line_and_proceeds_with_the_flag(tmp_path):
+    from helpers import assert_one_clear_error, ddtrain
+    run = ["train", "--model", "mlp", "--data", "digits", "--batch-size", "64", "--lr-schedule", "cosine",
+           "--warmup-steps", "3", "--quiet", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    first = ddtrain(*run, "--steps", "17")
+    assert first.returncode == 0, first.stderr
+    refused = ddtrain(*run, "--steps", "30", "--resume")
+    assert_one_clear_error(refused, "another learning-rate schedule than this run's: steps 17 -> 30",
+                           "--resume-schedule-change")
+    allowed = ddtrain(*run, "--steps", "30", "--resume", "--resume-schedule-change")
+    assert allowed.returncode == 0, allowed.stderr
+    assert "note: --resume-schedule-change: the learning-rate schedule changes at update 17" in allowed.stdout

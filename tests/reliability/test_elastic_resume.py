@@ -5,6 +5,9 @@ checkpoint 3 workers and 4 workers each train to step 60; their final parameters
 (rtol 1e-5) those of 2 workers training 60 steps without a break. The reference is the
 uninterrupted run, so a sample order that depended on the world size, a merged state that
 lost the optimizer's momentum, or a grad-accum that changed the mean gradient all fail it.
+Beyond the parameters: a resize in the middle of an epoch must report that epoch's metrics over
+every worker's samples (the checkpoint's per-worker sums added up), and every rank the
+checkpoint did not have must get a random stream of its own, seeded from (seed, step, rank).
 """
 import os
 import shutil
@@ -102,6 +105,59 @@ def test_a_grad_accum_that_no_longer_divides_is_rechosen_and_training_is_unchang
     ranks = run_ranks(train_rank, 4, "ddp", 40, str(first), True, save=str(out), grad_accum=16)
     assert ranks[0]["grad_accum"] == 24 and ranks[0]["global_batch_size"] == G
     assert_same_parameters(load(ref), load(out), rtol=1e-5)
+
+
+def train_rank_with_streams(steps, directory, resume=False, every=25):
+    """A ddp rank: its epochs' metrics and 4 draws from its torch stream after the run."""
+    config = TrainConfig.from_flat(model="mlp", data="synthetic", strategy="ddp", steps=steps, global_batch_size=G,
+                                   lr=0.05, momentum=0.9, seed=3, val_fraction=0.0, quiet=True,
+                                   **(dict(checkpoint_dir=directory, checkpoint_every=every, resume=resume)
+                                      if directory else {}))
+    record = fit(elastic_model(), elastic_data(), config)
+    return {"epochs": [(e["epoch"], e["steps"], e["train_loss"], e["train_accuracy"]) for e in record["epochs"]],
+            "draws": torch.rand(4)}
+
+
+@pytest.mark.slow
+def test_a_resize_mid_epoch_reports_that_epochs_metrics_over_every_worker_and_new_ranks_draw_their_own_streams(
+        tmp_path):
+    """2 workers stop at step 25 (5 steps into epoch 3 of 10 steps); 4 resume to 30. Epoch 3's loss and accuracy must
+    be the uninterrupted 2-worker run's (rank 0 holds both old workers' sums of the first 5 steps), and the ranks'
+    streams must all differ (ranks 2 and 3 are new: one stream each, not one shared)."""
+    reference = run_ranks(train_rank_with_streams, 2, 30, None)[0]["epochs"]
+    run_ranks(train_rank_with_streams, 2, 25, str(tmp_path / "ckpt"))
+    resumed = run_ranks(train_rank_with_streams, 4, 30, str(tmp_path / "ckpt"), True)
+    (epoch, steps, loss, accuracy), = [e for e in resumed[0]["epochs"] if e[0] == 3]
+    assert (epoch, steps) == reference[2][:2] == (3, 10)
+    assert loss == pytest.approx(reference[2][2], rel=1e-5) and accuracy == pytest.approx(reference[2][3], rel=1e-9)
+    draws = [tuple(r["draws"].tolist()) for r in resumed]
+    assert len(set(draws)) == 4, draws
+
+
+def test_reshape_adds_every_workers_metric_sums_on_rank_0_and_seeds_each_new_rank_from_its_own_rank():
+    """``checkpoint_elastic.reshape`` from 2 workers to 4: rank 0 holds the sum of both workers' epoch sums (the
+    loop all-reduces them at the epoch's end), the others zeros; ranks 0-1 keep their streams, ranks 2-3 get
+    (seed, step, rank)'s, each its own; this process's own RNG is left as it was."""
+    from ddtrain.reliability import checkpoint_elastic
+    streams = []
+    for r in range(2):
+        torch.manual_seed(100 + r)
+        streams.append(checkpoint.rng_state())
+    parts = [{"rng": streams[r], "rng_epoch": streams[r], "meter": torch.tensor([1.5, 2.0, 3.0]) * (10 ** r)}
+             for r in range(2)]
+    torch.manual_seed(7)
+    before = torch.get_rng_state()
+    out = checkpoint_elastic.reshape(parts, None, elastic={"workers": 2, "rule": "identical"}, workers=4, seed=3,
+                                     step=25, capture=checkpoint.rng_state, apply=checkpoint.set_rng_state)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.equal(out[0][1]["meter"], torch.tensor([16.5, 22.0, 33.0]))
+    assert all(torch.equal(part["meter"], torch.zeros(3)) for _, part in out[1:])
+    torch_streams = [part["rng"]["torch"] for _, part in out]
+    assert torch.equal(torch_streams[0], streams[0]["torch"]) and torch.equal(torch_streams[1], streams[1]["torch"])
+    for r in (2, 3):
+        expected = checkpoint_elastic.derived_rng(3, 25, r, checkpoint.rng_state, checkpoint.set_rng_state)
+        assert torch.equal(torch_streams[r], expected["torch"])
+    assert len({bytes(t.numpy()) for t in torch_streams}) == 4
 
 
 # ---- strategies whose state is per rank: what a resize does ----

@@ -112,6 +112,20 @@ def test_the_lock_of_a_dead_run_is_taken_over(tmp_path):
     assert owner["run_id"] != "crashed-run" and owner["released"]
 
 
+def test_a_released_lock_is_free_and_not_reported_as_a_crashed_runs(tmp_path, monkeypatch):
+    """A run that ended and released its lock left a record marked released: the next run takes the directory without
+    the "ended without releasing it; taken over" note meant for a crashed run's lock (tested above)."""
+    monkeypatch.setenv(ownership.RUN_ID_ENV, "finished-run")
+    assert ownership.claim(tmp_path, "rank0") is None
+    ownership.release(tmp_path, "rank0")
+    assert json.loads((tmp_path / ownership.LOCKS["rank0"]).read_text())["released"]
+    monkeypatch.setenv(ownership.RUN_ID_ENV, "next-run")
+    try:
+        assert ownership.claim(tmp_path, "rank0") is None
+    finally:
+        ownership.release(tmp_path, "rank0")
+
+
 @pytest.mark.slow  # real training runs (2 workers, a run in progress; 4 runs)
 def test_every_checkpoint_names_its_run_and_a_foreign_lineage_needs_resume_any(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"

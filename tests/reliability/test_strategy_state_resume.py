@@ -5,7 +5,10 @@ the uninterrupted 11-step run, bit for bit. With the schedule counted from the r
 before), local-sgd with --sync-every 3 would average at steps 8 and 11 instead of 6 and 9, and
 DiLoCo would lose its outer momentum and measure the next outer gradient from the loaded
 replica instead of the global parameters: both give other parameters. The record counts the
-syncs of the whole run (steps are counted from the start of training too).
+syncs of the whole run (steps are counted from the start of training too). A local-sgd
+checkpoint written exactly at the last warm-up step (5 of 5) must resume into local steps: a
+resume that took it for one still inside the warm-up would average the gradients of every
+later step.
 """
 import pytest
 import torch
@@ -41,7 +44,8 @@ def train_rank(strategy, steps, sync, directory=None, resume=False, save=None):
 @pytest.mark.parametrize("strategy, sync", [
     ("local-sgd", {"sync_every": 3, "outer_optimizer": "nesterov", "local_sgd_warmup_steps": 2}),
     ("hybrid", {"sync_every": 4}),
-])
+    ("local-sgd", {"sync_every": 3, "local_sgd_warmup_steps": 5}),    # checkpointed at step 5: the warm-up's end
+], ids=["local-sgd-diloco", "hybrid", "local-sgd-checkpoint-at-warmup-end"])
 def test_a_resumed_run_keeps_the_strategys_schedule_and_outer_state(tmp_path, strategy, sync):
     ref, out, directory = tmp_path / "ref.pt", tmp_path / "out.pt", tmp_path / "ckpt"
     (_, syncs), = run_ranks(train_rank, 2, strategy, 11, sync, save=str(ref))[:1]

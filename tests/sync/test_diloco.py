@@ -6,8 +6,9 @@ sharding: every R-th index), the gradients averaged over the replicas for the fi
 and every K steps after them either the replicas' mean or the outer Nesterov step written out
 from Douillard et al. 2023 (outer gradient = mean of anchor - theta_r; b = mu*b + g;
 anchor -= lr*(g + mu*b)), from which every replica restarts. ddtrain's 3 ranks must end where
-the reference does, to 1e-6 relative. One pool call runs every case (96 samples, batch 4,
-24 steps).
+the reference does, to 1e-6 relative, and log at each averaging the replicas' spread around
+their mean that the reference measures (sqrt(mean_r |x_r - m|^2) / |m|). One pool call runs
+every case (96 samples, batch 4, 24 steps).
 """
 import copy
 import functools
@@ -50,7 +51,10 @@ def epoch_order(epoch: int) -> torch.Tensor:
 
 @functools.cache
 def reference(outer_lr, outer_momentum, warmup, every) -> dict:
-    """R plain replicas; ``outer_lr`` None: the replicas' plain mean at each averaging."""
+    """R plain replicas; ``outer_lr`` None: the replicas' plain mean at each averaging.
+
+    {"state": replica 0's final state, "spreads": the replicas' relative spread at each averaging}.
+    """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)     # tiny tensors: threads only contend (12 s against 0.3 s on the loaded 2 cores)
     try:
@@ -67,9 +71,14 @@ def _reference(outer_lr, outer_momentum, warmup, every) -> dict:
     anchor = [p.detach().clone() for p in model.parameters()]
     buf = [torch.zeros_like(a) for a in anchor]
     per_rank, steps, synced = N_SAMPLES // WORLD, 0, 0
+    spreads = []
 
     def average_or_outer_step():
         with torch.no_grad():
+            replicas_now = [[p.double() for p in m.parameters()] for m in replicas]
+            means = [torch.stack(ps).mean(0) for ps in zip(*replicas_now)]
+            spread_sq = sum(sum((x - m).pow(2).sum() for x, m in zip(xs, means)) for xs in replicas_now) / WORLD
+            spreads.append(float(spread_sq.sqrt() / sum(m.pow(2).sum() for m in means).sqrt()))
             for i, params in enumerate(zip(*(m.parameters() for m in replicas))):
                 if outer_lr is None:
                     new = torch.stack(params).mean(0)
@@ -104,7 +113,7 @@ def _reference(outer_lr, outer_momentum, warmup, every) -> dict:
                 synced = steps
     if steps > synced:
         average_or_outer_step()
-    return replicas[0].state_dict()
+    return {"state": replicas[0].state_dict(), "spreads": spreads}
 
 
 def train_case(options: dict) -> tuple:
@@ -133,7 +142,7 @@ def trained():
 @pytest.mark.parametrize("case", range(len(CASES)))
 def test_outer_optimizer_and_warmup_take_the_steps_of_the_plain_reference(trained, case):
     options, settings = CASES[case]
-    expected = reference(*settings)
+    expected = reference(*settings)["state"]
     for rank in range(WORLD):
         params, mine, one_averaging = trained[rank][case]
         assert_same_parameters(expected, params, rtol=1e-6)
@@ -153,9 +162,20 @@ def test_outer_optimizer_and_warmup_take_the_steps_of_the_plain_reference(traine
 
 def test_the_reference_tells_nesterov_from_plain_averaging():
     with pytest.raises(AssertionError):
-        assert_same_parameters(reference(0.7, 0.9, 0, 5), reference(None, 0, 0, 5), rtol=1e-6)
+        assert_same_parameters(reference(0.7, 0.9, 0, 5)["state"], reference(None, 0, 0, 5)["state"], rtol=1e-6)
     with pytest.raises(AssertionError):   # and a warm-up from none
-        assert_same_parameters(reference(None, 0, 7, 5), reference(None, 0, 0, 5), rtol=1e-6)
+        assert_same_parameters(reference(None, 0, 7, 5)["state"], reference(None, 0, 0, 5)["state"], rtol=1e-6)
+
+
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_each_averaging_logs_the_replicas_spread_around_their_mean(trained, case):
+    """DiLoCo measures the spread around the replicas' mean (anchor minus the mean outer gradient); a sign slip there
+    (anchor plus it) changes no parameter but logs, and steers --adaptive-interval by, a spread the replicas never had."""
+    spreads = reference(*CASES[case][1])["spreads"]
+    for rank in range(WORLD):
+        log = trained[rank][case][1]["averaging_log"]
+        assert len(log) == len(spreads)
+        assert [e["relative_divergence"] for e in log] == pytest.approx(spreads, rel=1e-5), rank
 
 
 def test_warmup_keeps_replicas_identical_then_they_drift_until_the_next_averaging(trained):
@@ -200,6 +220,15 @@ def test_choose_interval_rule():
     assert choose_interval(20, 1.0, 0.5, 0.1, comm_fraction=0.1, max_divergence=0.01, **kw) == 1       # the min
     # nothing measured (no step time, no spread): the longest the doubling allows
     assert choose_interval(4, 0.0, 0.5, 0.0, comm_fraction=0.1, max_divergence=0.01, **kw) == 8
+
+
+def test_choose_interval_rounds_the_budget_up_and_the_divergence_bound_down():
+    """Where floor, round and ceil all differ: K_comm = ceil(12.3) = 13 (an interval of 12 would exceed the budget);
+    K_div = floor(6.67) = 6 (7 would pass the bound) and floor(3.33) = 3."""
+    kw = dict(min_interval=1, max_interval=50, comm_fraction=0.1)
+    assert choose_interval(10, 0.0, 0.123, 0.1, max_divergence=1.0, **kw) == 13          # 0.123 / (0.1 x 0.1) = 12.3
+    assert choose_interval(10, 0.015, 10.0, 0.1, max_divergence=0.01, **kw) == 6         # 10 x 0.01 / 0.015 = 6.67
+    assert choose_interval(10, 0.03, 10.0, 0.1, max_divergence=0.01, **kw) == 3          # 10 x 0.01 / 0.03 = 3.33
 
 
 def test_options_are_checked_and_refused_by_other_strategies():

@@ -238,6 +238,7 @@ def async_script(path: str) -> dict:
     out["frozen"] = all(torch.equal(v, start[k]) for k, v in net.state_dict().items())
     out["d_moved"] = any(not torch.equal(v, d_start[k]) for k, v in d.state_dict().items())
     out["metric"] = ddtrain.all_reduce_metric(float(rank + 1))     # among the workers: no server in it
+    out["metric_mean"] = ddtrain.all_reduce_metric(float(rank + 1), "mean")    # (1 + 2) / 2 workers, not / 3 ranks
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total, group=ddtrain.worker_group())
     out["worker_sum"] = total.item()
@@ -253,6 +254,7 @@ def test_ps_async_counts_workers_follows_the_workers_lr_and_serves_two_models():
         assert out["frozen"], "the server applied its own learning rate instead of the workers' 0"
         assert out["d_moved"]
         assert out["worker_sum"] == out["metric"] == 3.0
+        assert out["metric_mean"] == 1.5
 
 
 CLIP = 0.05    # below the gradients' norm on every step here: the clip is active

@@ -197,6 +197,26 @@ def test_ddp_options_and_sync_batchnorm_are_accepted():
     assert net[1].weight is weight                                                  # optimizers stay valid
 
 
+def test_sync_batchnorm_hands_ddp_a_model_whose_batchnorm_layers_are_converted(monkeypatch):
+    """sync_batchnorm=True on a DDP-based strategy: DDP gets the model with every BatchNorm layer (nested ones too) a
+    SyncBatchNorm keeping its Parameters. One process, DDP replaced by a recorder and the CUDA-only device check
+    lifted (on Gloo DDP itself refuses SyncBatchNorm on the CPU, so no forward runs here)."""
+    from ddtrain.sync import ddp
+    from ddtrain.sync.base import SyncOptions
+    handed = []
+    monkeypatch.setattr(ddp, "DDP", lambda module, **options: handed.append(module) or module)
+    monkeypatch.setattr(ddp, "SYNC_BATCHNORM_DEVICES", ("cpu",))
+    net = torch.nn.Sequential(torch.nn.Conv2d(1, 2, 3), torch.nn.BatchNorm2d(2),
+                              torch.nn.Sequential(torch.nn.Flatten(), torch.nn.BatchNorm1d(8)))
+    weights = list(net.parameters())
+    ddp.ddp_model(net, SyncOptions(sync_batchnorm=True))
+    assert handed == [net]
+    assert [type(m).__name__ for m in net.modules() if "BatchNorm" in type(m).__name__] == ["SyncBatchNorm"] * 2
+    assert list(net.parameters()) == weights
+    ddp.ddp_model(plain := torch.nn.Sequential(torch.nn.BatchNorm1d(3)), SyncOptions())   # off: left as it is
+    assert type(plain[0]) is torch.nn.BatchNorm1d
+
+
 def test_bad_input_is_one_clear_error_naming_the_argument():
     model, data = small()
     sgd = torch.optim.SGD(model.parameters(), lr=0.1)

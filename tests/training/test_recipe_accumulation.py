@@ -6,9 +6,12 @@ ps-sync, hybrid), on 3 Gloo ranks (ps-sync: 2 workers and a server), against a l
 whole recipe (AdamW without decay on biases, warm-up then cosine, clipping, label smoothing)
 against the same loop with torch's AdamW, ``clip_grad_norm_`` and the schedule's closed form;
 and the communication: K micro-batches per update send the bytes of one batch per update.
+A short last micro-batch (96 samples in micro-batches of 10: the 10th has 6) weighs by its
+samples, so the update over it is the plain loop's update over that batch of 46.
 """
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -107,3 +110,51 @@ def test_accumulated_micro_batches_communicate_once_per_update():
             assert sent[strategy, 1] > 0, strategy
             assert sent[strategy, 2] == sent[strategy, 1], (strategy, rank, sent[strategy, 1], sent[strategy, 2])
         assert sent["ring", 4] * 2 == sent["ring", 1]
+
+
+def test_a_short_last_micro_batch_weighs_by_its_samples_not_as_a_full_one():
+    """One process, micro-batches of 10, K=5: an epoch's updates are over samples 0-49 and 50-95 of its permutation
+    (the last micro-batch has 6 samples), exactly the plain loop's two batches of 50 and 46."""
+    got = train("ddp", 10, 5, epochs=2)
+    assert got["steps"] == 4 and got["workers"] == 1
+    model, shape = tiny_model("mlp")
+    train_set = tiny_data(shape).train
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    for epoch in (1, 2):
+        order = torch.randperm(N_SAMPLES, generator=torch.Generator().manual_seed(SEED + epoch))
+        for idx in (order[:50], order[50:]):
+            optimizer.zero_grad()
+            F.cross_entropy(model(train_set.x[idx]), train_set.y[idx]).backward()
+            optimizer.step()
+    assert_same_parameters(model.state_dict(), got["params"], rtol=1e-5)
+
+
+def lr_at_start(strategy: str) -> tuple:
+    """(role, the lr fit's optimizer starts at, the record's global batch) with --scale-lr linear and reference B."""
+    model, shape = tiny_model("mlp")
+    config = TrainConfig.from_flat(model="mlp", data="synthetic", strategy=strategy, steps=1, batch_size=B, seed=SEED,
+                                   val_fraction=0.0, quiet=True, lr=LR, scale_lr="linear", lr_reference_batch=B)
+    seen = {}
+
+    class Look:
+        def on_train_begin(self, state):
+            seen["lr"] = state.optimizer.param_groups[0]["lr"]
+
+    record = fit(model, tiny_data(shape), config, callbacks=[Look()])
+    return record["role"], seen["lr"], record["global_batch_size"]
+
+
+def test_scale_lr_counts_the_workers_not_the_parameter_servers():
+    """--scale-lr linear with the reference batch B: lr x (workers x B / B). On 3 ranks ddp has 3 workers; ps-sync has 2
+    workers and a server, whose optimizer steps with the workers' lr: x2 on every rank, not x3."""
+    per_rank = run_ranks(cases_lr, WORLD, ["ddp", "ps-sync"])
+    ddp, ps = [r[0] for r in per_rank], [r[1] for r in per_rank]
+    assert all(lr == pytest.approx(LR * 3) and batch == 3 * B for _, lr, batch in ddp)
+    assert [role for role, _, _ in ps] == ["worker", "worker", "server"]
+    for role, lr, _ in ps:
+        assert lr == pytest.approx(LR * 2), role
+    assert ps[0][2] == 2 * B
+
+
+def cases_lr(strategies):
+    return [lr_at_start(s) for s in strategies]

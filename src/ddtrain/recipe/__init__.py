@@ -15,6 +15,7 @@ servers, which hold the optimizer for ps-sync and ps-async.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -225,6 +226,56 @@ def _onecycle(p: Plan, update: int) -> float:
     if update <= rise_end:
         return anneal(start, 1.0, update / rise_end if rise_end > 0 else 1.0)
     return anneal(1.0, low, (update - rise_end) / (end - rise_end) if end > rise_end else 1.0)
+
+
+# The settings that, with the updates per epoch, fix the learning rate of every update. A resume that
+# changes one of them can give the updates already trained another lr than the new settings would
+# have: the run would then follow neither schedule (``schedule_change``).
+SCHEDULE_SETTINGS = ("steps", "epochs", "lr_schedule", "lr_warmup_steps", "lr_warmup_epochs", "lr_step_epochs",
+                     "lr_milestones", "lr_gamma")
+
+
+def schedule_record(config: TrainConfig, p: Plan) -> dict:
+    """What a checkpoint keeps of the schedule: the plan in updates and the settings it was made from."""
+    flat = config.flat()
+    return {"plan": dataclasses.asdict(p), "settings": {name: flat[name] for name in SCHEDULE_SETTINGS}}
+
+
+def _plan_from(record: dict) -> Plan | None:
+    """The Plan of a ``schedule_record`` (None when it is not one this version wrote)."""
+    values = record.get("plan") if isinstance(record, dict) else None
+    names = {f.name for f in dataclasses.fields(Plan)}
+    if not isinstance(values, dict) or set(values) != names:
+        return None
+    return Plan(**{**values, "milestones": tuple(values["milestones"])})
+
+
+def _describe(p: Plan) -> str:
+    warm = f" after {p.warmup} warm-up" if p.warmup else ""
+    drops = f" (x{p.gamma:g} at {', '.join(map(str, p.milestones))})" if p.milestones else ""
+    return f"{p.schedule} over {p.total} updates{warm}{drops}"
+
+
+def schedule_change(saved: dict, now: dict, updates: int) -> str | None:
+    """How resuming ``saved`` (a checkpoint's ``schedule_record``) after ``updates`` updates under ``now`` changes
+    the schedule, in words naming the settings; None when the updates already trained had the lr ``now`` gives them.
+
+    Only the past decides: the updates after the checkpoint follow ``now`` in the resumed run as in an uninterrupted
+    one, so a resume is the same training as an uninterrupted run with ``now``'s settings exactly when every update
+    before it had the same lr under both (more steps at a constant lr, or a step schedule with its period given, do).
+    """
+    old, new = _plan_from(saved), _plan_from(now)
+    if old is None or old == new:   # None: a record of another version, which cannot be compared
+        return None
+    first = next((u for u in range(updates) if lr_factor(old, u) != lr_factor(new, u)), None)
+    if first is None:
+        return None
+    was = saved.get("settings", {})
+    changed = [f"{name} {was.get(name)!r} -> {value!r}" for name, value in now["settings"].items()
+               if was.get(name, value) != value]
+    return (f"{', '.join(changed) or 'the updates per epoch'}: {_describe(old)} -> {_describe(new)}; update "
+            f"{first} trained at {lr_factor(old, first):.4g} x the peak lr, which these settings give "
+            f"{lr_factor(new, first):.4g}")
 
 
 class Schedule:

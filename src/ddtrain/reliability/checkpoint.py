@@ -36,7 +36,7 @@ from ddtrain.distributed.job import requeue_count
 from ddtrain.errors import ConfigError, DDTrainError
 from ddtrain.observe import files
 from ddtrain.reliability import checkpoint_elastic, ownership, stall
-from ddtrain.reliability.consistency import PeerStopped
+from ddtrain.reliability.consistency import ConfigMismatch, PeerStopped
 
 MAGIC = b"DDTRAIN-CHECKPOINT 1\n"
 FORMAT = 1
@@ -490,7 +490,8 @@ class Checkpointer:
     """
 
     def __init__(self, options, *, strategy, strategy_name: str, optimizer, scaler, fingerprint: dict, record: dict,
-                 info: dict, max_steps: int, epochs: int, elastic: dict | None = None, seed: int = 0):
+                 info: dict, max_steps: int, epochs: int, elastic: dict | None = None, seed: int = 0,
+                 schedule: dict | None = None, schedule_change=None):
         self.directory, self.every, self.keep, self.resume_asked = (options.checkpoint_dir, options.checkpoint_every,
                                                                     options.keep, options.resume)
         self.strategy, self.module, self.optimizer, self.scaler = strategy, strategy.module, optimizer, scaler
@@ -506,6 +507,10 @@ class Checkpointer:
         self.in_background = not getattr(options, "checkpoint_sync", False)
         self.writer: Writer | None = None   # rank 0's, made at its first save
         self._finished = False
+        # the lr schedule (the loop's ``recipe.schedule_record``), kept in every header, and
+        # ``schedule_change(saved record, updates)``: how resuming a checkpoint would change it (None: it would not)
+        self.schedule, self.schedule_change = schedule, schedule_change
+        self.allow_schedule_change = getattr(options, "resume_schedule_change", False)
 
     def claim(self) -> None:
         """Collective: rank 0 takes the directory's lock (refused, on every rank, if another run holds it)."""
@@ -529,10 +534,23 @@ class Checkpointer:
 
     def _check(self, header: dict) -> None:
         checkpoint_elastic.check(header, self.fingerprint, self.elastic, header.get("path", self.directory))
+        change = self._schedule_changed(header)
+        if change and not self.allow_schedule_change:
+            raise ConfigMismatch(
+                f"checkpoint {header.get('path', self.directory)} was trained on another learning-rate schedule than "
+                f"this run's: {change}; resumed, the run would follow neither schedule (an uninterrupted run with "
+                "these settings trains another one). Resume with the checkpoint's settings, or pass "
+                "--resume-schedule-change (resume_schedule_change=True) to continue on this run's schedule")
         theirs = ownership.check_lineage(header, self.directory, header.get("path", self.directory),
                                          resume_any=self.resume_any)
         if theirs:
             ownership.start_lineage(self.directory, theirs, origin=header.get("run"))
+
+    def _schedule_changed(self, header: dict) -> str | None:
+        saved = header.get("schedule")
+        if self.schedule_change is None or self.schedule is None or not isinstance(saved, dict):
+            return None   # a checkpoint written before schedules were recorded: nothing to compare
+        return self.schedule_change(saved, self.schedule, header["step"])
 
     def resume(self) -> None:
         """Take the directory; load the newest whole checkpoint when ``resume`` is set or torchrun restarted us."""
@@ -572,6 +590,11 @@ class Checkpointer:
             runtime.print0(f"ddtrain: note: {note}")
         runtime.print0(f"{why}: resumed from {header['path']} at step {self.step} "
                        f"(epoch {self.epoch}, {self._skip} of its steps done)")
+        change = self._schedule_changed(header)
+        if change:   # allowed by resume_schedule_change, or _check had refused it
+            self.info["resumed_from"]["schedule_changed"] = change
+            runtime.print0(f"note: --resume-schedule-change: the learning-rate schedule changes at update {self.step} "
+                           f"({change})")
         theirs = header.get("elastic") or {}
         if self.elastic and theirs.get("workers", self.elastic["workers"]) != self.elastic["workers"]:
             self.info["resumed_from"]["workers_was"] = theirs["workers"]
@@ -659,6 +682,8 @@ class Checkpointer:
         header = {"step": step, "epoch": self._epoch_now, "step_in_epoch": steps_done,
                   "strategy": self.strategy_name, "run": ownership.tag(self.directory) if rank0 else None,
                   "fingerprint": self.fingerprint, "epochs_done": copy.deepcopy(self.record["epochs"])}
+        if self.schedule is not None:
+            header["schedule"] = self.schedule
         if self.elastic:
             header["elastic"] = self.elastic
         parts = gather_parts(part, self.strategy.group)   # the snapshot: every tensor copied to host memory

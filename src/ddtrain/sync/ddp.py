@@ -10,6 +10,10 @@ from ddtrain.sync.base import Strategy, SyncOptions, SyncStats
 from ddtrain.sync.divergence import DivergenceMonitor
 
 
+# Devices torch's SyncBatchNorm computes its statistics on (its forward refuses the CPU)
+SYNC_BATCHNORM_DEVICES = ("cuda",)
+
+
 def sync_batchnorm_(model: torch.nn.Module, group=None) -> None:
     """Replace every BatchNorm layer inside ``model`` by a SyncBatchNorm sharing its parameters and buffers."""
     if isinstance(model, torch.nn.modules.batchnorm._BatchNorm):
@@ -23,7 +27,7 @@ def ddp_model(model, options: SyncOptions, comm_hook=None, hook_state=None):
     """Wrap ``model`` in DDP on its own device with the user's DDP options and an optional communication hook."""
     device = next(model.parameters()).device
     if options.sync_batchnorm:
-        if device.type != "cuda":   # torch's SyncBatchNorm computes its statistics with CUDA kernels only
+        if device.type not in SYNC_BATCHNORM_DEVICES:
             raise DDTrainError(f"sync_batchnorm=True needs the model on CUDA devices (SyncBatchNorm has no "
                                f"{device.type} implementation); leave it off with the gloo backend on CPU")
         sync_batchnorm_(model)

@@ -130,6 +130,8 @@ def _fit(model, data, config, optimizer, loss_fn, callbacks, workers, preemption
         state.checkpointer = Checkpointer(options, strategy=strategy, strategy_name=config.strategy,
                                           optimizer=optimizer, scaler=scaler, fingerprint=fingerprint, record=record,
                                           info=info, max_steps=config.steps, epochs=epochs, seed=config.seed,
+                                          schedule=recipe.schedule_record(config, plan),
+                                          schedule_change=recipe.schedule_change,
                                           elastic=checkpoint_elastic.section(
                                               config, workers=strategy.workers,
                                               servers=runtime.total_ranks() - strategy.workers if distributed else 0,

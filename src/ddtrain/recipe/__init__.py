@@ -235,8 +235,8 @@ SCHEDULE_SETTINGS = ("steps", "epochs", "lr_schedule", "lr_warmup_steps", "lr_wa
                      "lr_milestones", "lr_gamma")
 
 
-def schedule_record(config: TrainConfig, p: Plan) -> dict:
-    """What a checkpoint keeps of the schedule: the plan in updates and the settings it was made from."""
+def schedule_record(config, p: Plan) -> dict:
+    """What a checkpoint keeps of the schedule (``config`` a TrainConfig): the plan in updates and its settings."""
     flat = config.flat()
     return {"plan": dataclasses.asdict(p), "settings": {name: flat[name] for name in SCHEDULE_SETTINGS}}
 

@@ -2,7 +2,7 @@
 finishes with the parameters of an uninterrupted run. Runs on the head node of the emulated SLURM (needs root):
 
     sudo PYTHONPATH=src ddtrain cluster run --nodes 2 --link 1gbit --slurm -- \
-        python3 experiments/preempt_slurm.py OUT_DIR [--srun] [--signal-at-step 120]
+        python3 experiments/preempt_slurm.py OUT_DIR [--srun] [--signal-at-step 40]
 
 It writes OUT_DIR/job.sbatch, submits it, and once the job has logged step ``--signal-at-step`` sends what
 SLURM's ``--signal`` sends N seconds before a time limit:
@@ -77,7 +77,10 @@ def job_fields(job: str) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", help="a new folder for the job's script, output, checkpoints and final model")
-    parser.add_argument("--signal-at-step", type=int, default=120)
+    # Early in the 135-step run: the driver polls the log every 0.5 s and a 45-step epoch takes about a second on
+    # an idle 2-core machine, so a signal sent at step 120 reached a CI run after its last step (the job then
+    # ended on the late signal instead of a preemption: results/ci, the run of 2026-11-26).
+    parser.add_argument("--signal-at-step", type=int, default=40)
     parser.add_argument("--srun", action="store_true", help="one rank per srun task, signalled without B:")
     args = parser.parse_args()
     out = os.path.abspath(args.out)

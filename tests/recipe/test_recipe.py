@@ -113,7 +113,8 @@ def test_a_resize_keeps_the_global_batch_with_the_smallest_accumulation_that_fit
 
 def record(per_epoch=10, **settings):
     config = TrainConfig.from_flat(**settings)
-    return recipe.schedule_record(config, recipe.plan(config, per_epoch))
+    return recipe.schedule_record(config, recipe.plan(config.recipe, per_epoch, epochs=config.epochs,
+                                                      steps=config.steps))
 
 
 def test_a_schedule_change_is_one_that_gives_an_update_already_trained_another_lr():

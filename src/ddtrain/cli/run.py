@@ -10,7 +10,7 @@ train`` starts its workers, so the same checks and one-line messages, the same f
 ``DDTRAIN_TIMEOUT_S``); an argument the script passes itself wins. ``--checkpoint-dir`` and
 ``--global-batch-size`` reach it as ``DDTRAIN_CHECKPOINT_DIR`` and ``DDTRAIN_GLOBAL_BATCH_SIZE``
 (``ddtrain.distributed.job.checkpoint_dir()``, ``global_batch_size()``), and each worker's
-``TORCHELASTIC_RESTART_COUNT`` is the job's attempt (0, then 1, 2, ... after each restart or
+torchrun restart count (``RESTART_COUNT_ENV``) is the job's attempt (0, then 1, 2, ... after each restart or
 resize: ``ddtrain.distributed.job.restart_attempt()``). The script's state goes through
 ``ddtrain.save_state``/``load_state`` (their default directory is ``DDTRAIN_CHECKPOINT_DIR``; an
 unchanged script gets both from ``prepare``), and ``prepare``'s training loader takes the global
@@ -26,6 +26,7 @@ import os
 import sys
 
 from ddtrain.distributed.config import BACKENDS
+from ddtrain.distributed.job import RESTART_COUNT_ENV
 
 SCRIPT_MODULE = "ddtrain.cli.run"     # what each worker runs: ``python -m ddtrain.cli.run script.py ARGS``
 # said after the workers stopped on a signal with their state saved (ddtrain.save_state, prepare(checkpoint_dir=...))
@@ -35,7 +36,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", default="1",
                    help="local worker processes to start, or MIN:MAX: start MAX and go on with fewer (down to MIN) "
                         "when workers are lost: the script is restarted at the new size, WORLD_SIZE the new size and "
-                        "TORCHELASTIC_RESTART_COUNT the job's attempt, 1, 2, ... (needs --checkpoint-dir and "
+                        f"{RESTART_COUNT_ENV} the job's attempt, 1, 2, ... (needs --checkpoint-dir and "
                         "--global-batch-size; docs/ELASTIC.md)")
     p.add_argument("--nnodes", default="1",
                    help="nodes of a multi-node launch (run the same command on each), or MIN:MAX for a job that "
@@ -126,7 +127,7 @@ def run_script(argv: list[str]) -> None:
     from ddtrain.distributed.launch import die_with_launcher
     from ddtrain.distributed.rendezvous import add_attempt_base
     die_with_launcher()     # no worker outlives its launcher, however the launcher ends
-    add_attempt_base()      # TORCHELASTIC_RESTART_COUNT counts the elastic launcher's earlier sizes too
+    add_attempt_base()      # the restart count counts the elastic launcher's earlier sizes too
     script = argv[0]
     sys.argv = list(argv)
     sys.path[0] = os.path.dirname(os.path.abspath(script))   # the script's folder first, as python puts it

@@ -8,7 +8,10 @@ results folders. For each: the command, its exit status, the line the user sees 
 warning line, else the last line of output), the seconds it took, and the verdict:
 ``ok`` when it did what the case expects (refused with one error line and no traceback, or ran),
 ``silent-wrong`` when a case that must be refused ran to exit 0 without a word, ``hang`` when it
-ran past its limit, ``traceback`` when a Python traceback reached the user, ``unexpected`` else.
+ran past its limit, ``traceback`` when a Python traceback reached the user, ``orphan`` when a process
+it started (found by a variable only this case's processes inherit) is still alive 5 s after the
+command returned, ``leak`` when it left a file or folder in its own ``TMPDIR`` that its output does
+not name, ``data-loss`` (or another verdict) when the case's own ``check`` says so, ``unexpected`` else.
 Writes ``OUT/cases.json`` (every field) and ``OUT/cases.md`` (the table RELIABILITY.md quotes).
 """
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Case:
     after: object = None           # callable(handle), always run
     during: object = None          # callable(proc, handle) while the command runs (e.g. SIGSTOP a worker)
     look_for: str = ""             # expect=warned/ok: a phrase that must appear
+    check: object = None           # callable(T, row) -> None, or "verdict: why" (e.g. "data-loss: ...")
 
 
 # ---------------------------------------------------------------- scratch inputs
@@ -212,6 +216,37 @@ def run_in_progress(T: Path, folder: str):
     while not (ck / "ckpt-00000008.pt").exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.2)
     return proc
+
+
+MARKER_ENV = "DDTRAIN_HOSTILE_CASE"
+VERDICTS = ("ok", "silent-wrong", "hang", "traceback", "data-loss", "orphan", "leak", "unexpected")
+
+
+def alive_with_marker(marker: str, grace_s: float) -> list[int]:
+    """Processes whose environment holds ``MARKER_ENV=marker`` still alive after ``grace_s`` (then killed)."""
+    needle = f"{MARKER_ENV}={marker}".encode()
+    deadline, found = time.time() + grace_s, []
+    while True:
+        found = []
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != os.getpid():
+                try:
+                    with open(f"/proc/{entry}/environ", "rb") as f:
+                        environ = f.read().split(b"\0")
+                    state = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[0]
+                except OSError:
+                    continue
+                if needle in environ and state != "Z":
+                    found.append(int(entry))
+        if not found or time.time() > deadline:
+            break
+        time.sleep(0.25)
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return found
 
 
 def descendants(root: int) -> list[int]:
@@ -556,7 +591,17 @@ def cases() -> list[Case]:
     out.append(Case("waits", "DDTRAIN_SILENT_S=soon", ["train", "--model", "mlp", "--data", "digits", "--nproc", "2",
                     "--steps", "4", "--quiet"], "warned", "", env={"DDTRAIN_SILENT_S": "soon"},
                     look_for="DDTRAIN_SILENT_S='soon' is not a positive number"))
+    # issue 32's round: the cases of each area, in tools/hostile_r3_<area>.py (each a cases() of its own)
+    import importlib
+    for area in ROUND3:
+        path = Path(__file__).with_name(f"hostile_r3_{area}.py")
+        if path.exists():
+            sys.path.insert(0, str(path.parent))
+            out += importlib.import_module(path.stem).cases()
     return out
+
+
+ROUND3 = ("checkpoint", "launch", "training", "cli")
 
 
 def _fill(folder):
@@ -600,6 +645,12 @@ def run_case(i: int, case: Case, T: Path) -> dict:
     fill = lambda a: a.replace("{T}", str(T))  # noqa: E731
     args = [fill(a) for a in case.args]
     env = {**_env(), **{k: fill(v) for k, v in case.env.items()}}
+    # the case's own TMPDIR (what it leaves there is a leak unless its output names it) and a marker
+    # every process it starts inherits (one still alive after it returned is an orphan)
+    tmp = Path(tempfile.mkdtemp(prefix=f"case{i}-", dir=T))
+    marker = f"{i}-{os.getpid()}-{time.monotonic_ns()}"
+    env.setdefault("TMPDIR", str(tmp))
+    env[MARKER_ENV] = marker
     handle = case.before(T) if case.before else None
     if case.python:
         argv = [sys.executable, "-c", case.python, *args]
@@ -628,6 +679,7 @@ def run_case(i: int, case: Case, T: Path) -> dict:
         stdout, stderr = proc.communicate()
         hung = True
     seconds = time.perf_counter() - started
+    left = alive_with_marker(marker, grace_s=5.0)
     owner_pid = getattr(handle, "pid", None)
     if case.after:
         try:
@@ -658,14 +710,26 @@ def run_case(i: int, case: Case, T: Path) -> dict:
         verdict = "ok" if code == 0 and found else "unexpected"
         if case.expect == "warned" and case.group == "outputs" and "--save" in " ".join(case.args):
             verdict = "ok" if code != 0 and found else verdict
+    output = stdout + stderr
+    leaked = sorted(p.name for p in tmp.iterdir() if p.name not in output) if tmp.is_dir() else []
+    if verdict == "ok" and left:
+        verdict = "orphan"
+    elif verdict == "ok" and leaked:
+        verdict = "leak"
+    shutil.rmtree(tmp, ignore_errors=True)
     text = shown.replace(str(T), "T")
     if owner_pid:
         text = text.replace(f"pid {owner_pid} ", "pid P ").replace(f"kill {owner_pid}", "kill P")
-    return {"id": i, "group": case.group, "input": case.what, "command": shown_command, "expect": case.expect,
+    row = {"id": i, "group": case.group, "input": case.what, "command": shown_command, "expect": case.expect,
             "exit": code, "shown": text, "first_line": (lines[0] if lines else "").replace(str(T), "T"),
             "seconds": round(seconds, 2), "verdict": verdict, "traceback": traceback, "hang": hung, "test": case.test,
-            "error_lines": len(errors),
+            "error_lines": len(errors), "orphans": len(left), "leaked": leaked,
             "stderr_lines": [line.replace(str(T), "T") for line in stderr.splitlines() if line.strip()][:12]}
+    if case.check and row["verdict"] == "ok":
+        found = case.check(T, row)
+        if found:
+            row["verdict"], row["why"] = found.split(":", 1)[0].strip(), found.split(":", 1)[-1].strip()
+    return row
 
 
 def main() -> int:
@@ -698,7 +762,7 @@ def main() -> int:
     results.sort(key=lambda r: r["id"])
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = {v: sum(r["verdict"] == v for r in results) for v in ("ok", "silent-wrong", "hang", "traceback", "unexpected")}
+    summary = {v: sum(r["verdict"] == v for r in results) for v in VERDICTS}
     meta = {"cases": len(results), "summary": summary, "python": sys.version.split()[0],
             "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "cores": os.cpu_count(),
             "command": "python3 tools/hostile_cases.py" + (f" --only {args.only}" if args.only else "")}

@@ -72,6 +72,9 @@ def _handler(url: str, **_kwargs):
     raise DDTrainError("the process group cannot re-join through ddtrain's rendezvous; start the job again")
 
 
+_rounds = 0   # process groups this process joined through ``connect`` (every rank joins as often, in order)
+
+
 def connect(env, timeout_s: float):
     """The job's store (hosted by rank 0, or by torchrun's agent), every rank checked in, within ``timeout_s``."""
     from torch.distributed import PrefixStore, TCPStore
@@ -98,6 +101,11 @@ def connect(env, timeout_s: float):
     if agent_store:
         # torch < 2.5 reuses the agent's store across restarts: the dead attempt's keys must not be seen.
         store = PrefixStore(f"/worker/attempt_{restart_attempt()}", store)
+    global _rounds
+    if _rounds:   # init() again after shutdown() in this process: the store (the agent's, or rank 0's
+        # multi-tenant server) still holds the earlier rounds' keys, which a new group would read as its own
+        store = PrefixStore(f"ddtrain/round_{_rounds}", store)
+    _rounds += 1
     _check_in(store, env, timeout_s, deadline, where)
     return store
 

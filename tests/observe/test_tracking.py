@@ -1,7 +1,14 @@
 """Tracking on rank 0: TensorBoard event files read back with tensorboard's own reader, the CSV, MLflow, refusals."""
 import csv
+import errno
 import math
+import os
+import subprocess
 import sys
+import tomllib
+from types import SimpleNamespace
+
+import torch
 
 import pytest
 
@@ -57,7 +64,7 @@ def test_tensorboard_holds_the_lr_curve_and_the_metrics_and_the_csv_the_same(tmp
 
 
 def test_mlflow_run_gets_the_config_and_the_metrics(tmp_path, monkeypatch):
-    mlflow = pytest.importorskip("mlflow", reason="mlflow is optional (pip install 'ddtrain[tracking]')")
+    mlflow = pytest.importorskip("mlflow", reason="mlflow is optional (pip install 'ddtrain[mlflow]')")
     monkeypatch.setenv("MLFLOW_TRACKING_URI", (tmp_path / "mlruns").as_uri())
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")     # MLflow 3 keeps the file store behind this switch
     run(tmp_path, mlflow=True)
@@ -70,10 +77,10 @@ def test_mlflow_run_gets_the_config_and_the_metrics(tmp_path, monkeypatch):
 
 def test_a_missing_library_or_an_unwritable_directory_is_one_message_before_training(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)    # import fails as if not installed
-    with pytest.raises(DDTrainError, match=r"^tensorboard needs the tensorboard package: pip install 'ddtrain\[tracking\]'"):
+    with pytest.raises(DDTrainError, match=r"^tensorboard needs the tensorboard package: pip install 'ddtrain\[tensorboard\]'"):
         run(tmp_path, tensorboard=str(tmp_path / "tb"))
     monkeypatch.setitem(sys.modules, "mlflow", None)
-    with pytest.raises(DDTrainError, match="^mlflow needs the mlflow package"):
+    with pytest.raises(DDTrainError, match=r"^mlflow needs the mlflow package: pip install 'ddtrain\[mlflow\]'"):
         tracking.check(tracking.TrackingConfig(mlflow=True))
     monkeypatch.undo()
     pytest.importorskip("tensorboard")
@@ -81,3 +88,117 @@ def test_a_missing_library_or_an_unwritable_directory_is_one_message_before_trai
     blocker.write_text("")
     with pytest.raises(DDTrainError, match="^tensorboard .*cannot write there"):
         tracking.check(tracking.TrackingConfig(tensorboard=str(blocker / "tb")))
+
+
+def test_tensorboard_alone_is_its_own_extra_without_mlflow():
+    """Issue 32: ``ddtrain[tracking]`` installed MLflow's ~80 packages for TensorBoard alone."""
+    from helpers import REPO
+    with open(REPO / "pyproject.toml", "rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert [x.split(">")[0] for x in extras["tensorboard"]] == ["tensorboard"]
+    assert [x.split(">")[0] for x in extras["mlflow"]] == ["mlflow"]
+    assert extras["tracking"] == ["ddtrain[tensorboard,mlflow]"]
+
+
+def fake_state(step=0, epoch=1):
+    strategy = SimpleNamespace(update_stats=lambda: None, stats=SimpleNamespace(bytes_sent=0, bytes_received=0))
+    config = SimpleNamespace(recipe=SimpleNamespace(batch_size=8), profile=SimpleNamespace(enabled=False))
+    return SimpleNamespace(config=config, schedule=None, optimizer=SimpleNamespace(param_groups=[{"lr": 0.1}]),
+                           record={}, epoch=epoch, step=step, strategy=strategy)
+
+
+def step_logs(loss):
+    return {"loss": loss, "begin_s": 0.0, "data_end_s": 0.1, "compute_end_s": 0.2, "end_s": 0.3}
+
+
+def test_step_losses_are_read_together_not_one_sync_per_step(tmp_path, monkeypatch):
+    """Issue 32: every tracked step read its loss with a host sync (``float(loss)``); now one read per flush."""
+    reads = []
+    real_tolist = torch.Tensor.tolist
+
+    def no_scalar_read(self, *args):
+        raise AssertionError("a per-step read of the loss (a device sync on a GPU)")
+
+    def counted_tolist(self):
+        reads.append(self.numel())
+        return real_tolist(self)
+    tracker = tracking.CSVTracker(str(tmp_path / "m.csv"))
+    state = fake_state()
+    tracker.on_train_begin(state)
+    monkeypatch.setattr(torch.Tensor, "item", no_scalar_read)
+    monkeypatch.setattr(torch.Tensor, "__float__", no_scalar_read)
+    monkeypatch.setattr(torch.Tensor, "tolist", counted_tolist)
+    steps = 2 * tracking.FLUSH_STEPS + 7
+    for step in range(1, steps + 1):
+        state.step = step
+        tracker.on_step_end(step, step_logs(torch.tensor(float(step), requires_grad=True) * 1.0), state)
+    tracker.on_train_end({}, state)
+    monkeypatch.undo()
+    assert reads == [tracking.FLUSH_STEPS, tracking.FLUSH_STEPS, 7]
+    with open(tmp_path / "m.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [float(r["loss"]) for r in rows] == [float(s) for s in range(1, steps + 1)]
+
+
+class FullDisk:
+    """A file that takes ``room`` bytes, then fails as a full disk does."""
+
+    def __init__(self, room: int):
+        self.room, self.writes = room, 0
+
+    def write(self, text):
+        self.writes += 1
+        if len(text) > self.room:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(text)
+        return len(text)
+
+    def flush(self):
+        pass
+
+    def close(self):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_full_disk_under_the_csv_is_one_warning_and_training_goes_on(tmp_path, capsys):
+    """Issue 32: ``--csv`` on a disk that fills up killed the run with no --save and no record (OSError: ENOSPC)."""
+    path = str(tmp_path / "m.csv")
+    tracker = tracking.CSVTracker(path)
+    state = fake_state()
+    tracker.on_train_begin(state)
+    disk = FullDisk(room=300)
+    tracker.file.close()
+    tracker.file = disk
+    tracker.writer = csv.DictWriter(disk, fieldnames=tracking.CSV_COLUMNS, extrasaction="ignore")
+    for step in range(1, 2 * tracking.FLUSH_STEPS + 1):
+        tracker.on_step_end(step, step_logs(torch.tensor(1.0)), state)
+    tracker.on_epoch_end(1, {"train_loss": 1.0}, state)
+    record = {}
+    tracker.on_train_end(record, state)
+    failed_at = disk.writes    # the row of this step failed; nothing was tried after it
+    assert 1 < failed_at < 2 * tracking.FLUSH_STEPS
+    warnings = [line for line in capsys.readouterr().err.splitlines() if "warning" in line]
+    assert warnings == [f"ddtrain: warning: --csv {path}: could not be written (No space left on device "
+                        f"[errno 28]) at step {failed_at}; nothing more is written to it, training goes on (the rows "
+                        "before it are kept)"], warnings
+    assert record["tracking_failed"] == [f"--csv {path}: No space left on device [errno 28] at step {failed_at}"]
+
+
+def test_a_csv_on_a_disk_that_fills_up_leaves_the_record_and_the_model(tmp_path):
+    """Issue 32 on a real full disk: a 64 KiB tmpfs (root only) under --csv; the record and the model elsewhere."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], capture_output=True).returncode:
+        pytest.skip("needs root to mount a 64 KiB tmpfs")
+    try:
+        with open(disk / "filler", "wb") as f:   # leave about 2 KB: a few dozen rows
+            try:
+                f.write(b"\0" * (62 << 10))
+            except OSError:
+                pass
+        record = run(tmp_path, csv=str(disk / "m.csv"), track_every=1, out=str(tmp_path / "run.json"),
+                     save=str(tmp_path / "model.pt"))
+    finally:
+        subprocess.run(["umount", str(disk)], capture_output=True)
+    assert (tmp_path / "run.json").exists() and (tmp_path / "model.pt").exists()
+    assert len(record["epochs"]) >= 1 and "No space left on device" in record["tracking_failed"][0]

@@ -6,13 +6,21 @@ micro-batches), the learning rate, samples per second (global batch over the ste
 and, with ``--profile``, the step split (data, compute, optimizer seconds from the loop's clock
 readings); per epoch the epoch's metrics (train and validation loss and accuracy, samples/s, the
 split) and the bytes this rank sent and received. The libraries are optional (``pip install
-'ddtrain[tracking]'``): ``check`` names the missing one before training starts.
+'ddtrain[tensorboard]'``, ``'ddtrain[mlflow]'``, or ``'ddtrain[tracking]'`` for both): ``check`` names
+the missing one, and its extra, before training starts.
+
+Reading a step's loss is a host-device sync on a GPU: the step's loss tensors are kept (detached)
+and read together, one ``tolist()`` every ``FLUSH_STEPS`` tracked steps (or ``FLUSH_S`` seconds),
+at each epoch's end and at the end. An output that fails (a full disk: ``OSError``) is named once in
+a warning and written no more; training goes on to its checkpoints, record and model.
 """
 from __future__ import annotations
 
 import csv
 import math
 import os
+import sys
+import time
 from dataclasses import dataclass
 
 from ddtrain.errors import ConfigError
@@ -45,14 +53,14 @@ def check(config: TrackingConfig) -> None:
         try:
             from torch.utils.tensorboard import SummaryWriter  # noqa: F401  (needs the tensorboard package)
         except ImportError:
-            raise ConfigError("tensorboard", "needs the tensorboard package: pip install 'ddtrain[tracking]' "
+            raise ConfigError("tensorboard", "needs the tensorboard package: pip install 'ddtrain[tensorboard]' "
                                "(or pip install tensorboard)") from None
         _check_dir(config.tensorboard)
     if config.mlflow:
         try:
             import mlflow  # noqa: F401
         except ImportError:
-            raise ConfigError("mlflow", "needs the mlflow package: pip install 'ddtrain[tracking]' "
+            raise ConfigError("mlflow", "needs the mlflow package: pip install 'ddtrain[mlflow]' "
                                "(or pip install mlflow)") from None
     files.check_writable(config.csv, "csv")
 
@@ -84,21 +92,34 @@ def trackers(config: TrackingConfig, rank: int) -> list:
     return out
 
 
+# Loss values read from the device together: at most this many tracked steps, or this many seconds, apart
+FLUSH_STEPS, FLUSH_S = 50, 10.0
+
+
 class Tracker:
-    """What every tracker measures; subclasses say where a scalar goes (``scalar``) and close their sink."""
+    """What every tracker measures; subclasses say where a scalar goes (``scalar``) and close their sink.
+
+    ``output`` names the sink in messages (``--csv FILE``). A sink that raises ``OSError`` (a full
+    disk, a lost mount) is reported once and dropped (``failed``): tracking never stops training.
+    """
+
+    output = "tracking"
 
     def __init__(self, every: int):
-        self.every, self.loss_sum, self.loss_n = every, 0.0, 0
+        self.every = every
+        self.pending: list = []   # (step, epoch, loss tensor or number, the step's other metrics), not yet written
+        self.flushed_at = time.monotonic()
+        self.failed: str | None = None
 
     def on_train_begin(self, state) -> None:
-        self.open(state)
+        self._guarded(lambda: self.open(state), step=state.step)
 
     def on_step_end(self, step, logs, state) -> None:
-        if step % self.every:
+        if step % self.every or self.failed:
             return
         config = state.config
-        loss = logs["loss"]   # the step's loss tensor (still part of the graph): its value only
-        metrics = {"loss": float(loss.detach() if hasattr(loss, "detach") else loss)}
+        loss = logs["loss"]   # the step's loss tensor: kept detached, read at the next flush (no sync per step)
+        metrics = {}
         schedule = getattr(state, "schedule", None)
         if schedule is not None:
             metrics["lr"] = schedule.lr(step - 1)      # the rate the update just taken used
@@ -112,9 +133,27 @@ class Tracker:
             metrics["data_s"] = logs["data_end_s"] - logs["begin_s"]
             metrics["compute_s"] = logs["compute_end_s"] - logs["data_end_s"]
             metrics["optimizer_s"] = logs["end_s"] - logs["compute_end_s"]
-        self.write("step", step, state.epoch, metrics)
+        self.pending.append((step, state.epoch, loss.detach() if hasattr(loss, "detach") else loss, metrics))
+        if len(self.pending) >= FLUSH_STEPS or time.monotonic() - self.flushed_at >= FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write the steps kept so far: their losses read from the device in one go."""
+        pending, self.pending = self.pending, []
+        self.flushed_at = time.monotonic()
+        if not pending or self.failed:
+            return
+        import torch
+        losses = [p[2] for p in pending]
+        if all(isinstance(v, torch.Tensor) for v in losses):
+            values = torch.stack([v.reshape(()).float() for v in losses]).tolist()   # one sync for all of them
+        else:
+            values = [float(v) for v in losses]
+        for (step, epoch, _, metrics), value in zip(pending, values):
+            self._guarded(lambda: self.write("step", step, epoch, {"loss": value, **metrics}), step=step)
 
     def on_epoch_end(self, epoch, logs, state) -> None:
+        self.flush()
         metrics = {k: logs[k] for k in ("train_loss", "train_accuracy", "val_loss", "val_accuracy", "samples_per_s",
                                         "time_s") if isinstance(logs.get(k), (int, float))}
         for part, seconds in (logs.get("step_split_s") or {}).items():
@@ -123,10 +162,31 @@ class Tracker:
         strategy.update_stats()                          # local counters: no communication
         metrics["bytes_sent"] = strategy.stats.bytes_sent
         metrics["bytes_received"] = strategy.stats.bytes_received
-        self.write("epoch", state.step, epoch, metrics)
+        self._guarded(lambda: self.write("epoch", state.step, epoch, metrics), step=state.step)
 
     def on_train_end(self, record, state) -> None:
-        self.close()
+        self.flush()
+        self._guarded(self.close, step=state.step)
+        if self.failed:
+            record.setdefault("tracking_failed", []).append(self.failed)
+
+    def _guarded(self, action, *, step) -> None:
+        """Run ``action`` on the sink; an OSError drops the sink with one warning naming it (training goes on)."""
+        if self.failed:
+            return
+        try:
+            action()
+        except OSError as exc:
+            import errno as errno_
+            code = f" [errno {exc.errno}]" if exc.errno else ""
+            why = (exc.strerror or errno_.errorcode.get(exc.errno or 0) or str(exc)) + code
+            self.failed = f"{self.output}: {why} at step {step}"
+            print(f"ddtrain: warning: {self.output}: could not be written ({why}) at step {step}; nothing more is "
+                  "written to it, training goes on (the rows before it are kept)", file=sys.stderr, flush=True)
+            try:
+                self.close()
+            except OSError:
+                pass
 
     def write(self, kind: str, step: int, epoch: int, metrics: dict) -> None:
         for name, value in metrics.items():
@@ -144,6 +204,7 @@ class TensorBoardTracker(Tracker):
     def __init__(self, log_dir: str, every: int = 1):
         super().__init__(every)
         self.log_dir, self.writer = log_dir, None
+        self.output = f"--tensorboard {log_dir}"
 
     def open(self, state) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -155,12 +216,14 @@ class TensorBoardTracker(Tracker):
 
     def close(self) -> None:
         if self.writer is not None:
-            self.writer.close()
-            self.writer = None
+            writer, self.writer = self.writer, None
+            writer.close()
 
 
 class MLflowTracker(Tracker):
     """An MLflow run: the flat configuration as parameters, the scalars as metrics (tags with ``/`` become ``_``)."""
+
+    output = "--mlflow"
 
     def __init__(self, every: int = 1):
         super().__init__(every)
@@ -195,6 +258,7 @@ class CSVTracker(Tracker):
     def __init__(self, path: str, every: int = 1):
         super().__init__(every)
         self.path, self.file, self.writer = path, None, None
+        self.output = f"--csv {path}"
 
     def open(self, state) -> None:
         parent = os.path.dirname(os.path.abspath(self.path))
@@ -211,8 +275,8 @@ class CSVTracker(Tracker):
 
     def close(self) -> None:
         if self.file is not None:
-            self.file.close()
-            self.file = None
+            file, self.file = self.file, None
+            file.close()
 
 
 def _config_text(config) -> str:

@@ -4,8 +4,16 @@
 on the rank that saw it); ``step_ok`` after backward says whether to apply the step. With
 ``on_nonfinite="skip"`` the ranks agree through one all-reduce of a flag per rank and all skip
 the step together (a rank skipping alone would leave the replicas apart).
+
+Skipping is bounded: ``MAX_CONSECUTIVE_SKIPS`` skipped steps in a row stop the run (a model
+whose every step is non-finite is not recovering, and skipping only hides it), and
+``finish`` refuses to call a run a success when more than ``MAX_SKIPPED_FRACTION`` of its steps
+were skipped or its last epoch's loss is non-finite (checked only every 50 steps on a GPU in stop
+mode, so a divergence between checks is caught there).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.distributed as dist
@@ -13,6 +21,12 @@ import torch.distributed as dist
 from ddtrain.distributed import runtime
 from ddtrain.errors import DDTrainError
 from ddtrain.reliability import stall
+from ddtrain.reliability.consistency import PeerStopped
+
+MAX_CONSECUTIVE_SKIPS = 10     # skipped steps in a row that stop a run (on_nonfinite="skip")
+MAX_SKIPPED_FRACTION = 0.5     # a run that skipped more of its steps than this did not train
+HINT = ("lower the learning rate (lr, --lr), check the data, or resume from an earlier checkpoint with a lower one "
+        "(--resume --lr ...)")
 
 
 def grads_finite(module) -> bool:
@@ -50,6 +64,7 @@ class NonfiniteGuard:
         self.module, self.scaler, self.device, self.group, self.info = module, scaler, device, group, info
         self.every_step = self.skip or device.type != "cuda"
         self._loss_bad = False
+        self.consecutive = 0          # skipped steps in a row, up to the last checked one
 
     def _checking(self, step: int) -> bool:
         # On a GPU each check is a host sync: every step only when skipping needs it.
@@ -79,10 +94,39 @@ class NonfiniteGuard:
         ranks, cause = agree_on_bad(self._loss_bad, grads_bad, self.device, self.group)
         stall.mark(step, "optimizer step")
         if not ranks:
+            self.consecutive = 0
             return True
         skipped = self.info["nonfinite_skipped"]
         skipped.append({"step": step, "ranks": ranks, "cause": cause})
+        self.consecutive += 1
+        if self.consecutive >= MAX_CONSECUTIVE_SKIPS:   # the same verdict on every rank: all ranks agreed above
+            first = step - self.consecutive + 1
+            raise (DDTrainError if runtime.rank() == 0 else PeerStopped)(
+                f"non-finite {cause} at {self.consecutive} steps in a row (steps {first} to {step}, each skipped on "
+                f"every rank by on_nonfinite='skip', --on-nonfinite skip; {len(skipped)} skipped in all): training "
+                f"is not recovering, stopped; {HINT}")
         if runtime.rank() == 0:
             runtime.eprint(f"ddtrain: warning: non-finite {cause} at step {step} on rank "
                            f"{', '.join(map(str, ranks))}; step skipped on every rank ({len(skipped)} so far)")
         return False
+
+    def finish(self, steps: int, last_epoch: dict | None) -> str | None:
+        """After training: why the run must not count as a success (``steps`` trained in this process), or None.
+
+        The record says it (``reliability.nonfinite_failed``), with the count of skipped steps
+        (``reliability.nonfinite_skipped_steps``).
+        """
+        skipped = len(self.info["nonfinite_skipped"])
+        self.info["nonfinite_skipped_steps"] = skipped
+        why = None
+        if steps and skipped > MAX_SKIPPED_FRACTION * steps:
+            why = (f"{skipped} of its {steps} steps had a non-finite loss or gradients and were skipped "
+                   f"(on_nonfinite='skip', --on-nonfinite skip): the model did not train; {HINT}")
+        else:
+            bad = [f"{name} {last_epoch[name]}" for name in ("train_loss", "val_loss")
+                   if isinstance((last_epoch or {}).get(name), float) and not math.isfinite(last_epoch[name])]
+            if bad:
+                why = f"the last epoch's {' and '.join(bad)} is not finite: the model diverged; {HINT}"
+        if why:
+            self.info["nonfinite_failed"] = why
+        return why

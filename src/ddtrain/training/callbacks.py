@@ -64,6 +64,7 @@ class TrainState:
     callbacks: list = field(default_factory=list)
     epochs: int = 0                     # the last epoch this run trains
     step: int = 0                       # optimizer steps (updates) done in the whole run
+    first_step: int = 0                 # the step this process started training at (a resume's checkpoint step)
     epoch: int = 1                      # the epoch running now
     steps_done: int = 0                 # steps done in this epoch
     checkpointer: Checkpointer | None = None    # with a checkpoint_dir

@@ -27,6 +27,7 @@ from ddtrain.distributed import runtime, storage
 from ddtrain.observe import files, tracking
 from ddtrain.reliability import checkpoint_elastic, consistency, faults, stall, watchdog
 from ddtrain.distributed.job import restart_attempt
+from ddtrain.errors import DDTrainError
 from ddtrain.reliability.checkpoint import Checkpointer, path_for as checkpoint_path_for
 from ddtrain.reliability.nonfinite import NonfiniteGuard
 from ddtrain.reliability.preemption import Preemption, write_report
@@ -177,13 +178,26 @@ def _fit(model, data, config, optimizer, loss_fn, callbacks, workers, preemption
     record["data_problems"] = _gather_problems(problems, scanned, distributed)
     record["final"] = {k: v for k, v in (record["epochs"][-1] if record["epochs"] else {}).items()
                        if k.startswith("val_")}
+    # a run that skipped most of its steps, or ended at a non-finite loss, is no success (the record says why)
+    failed = None
+    if strategy.role != "server" and not info.get("preempted"):
+        failed = state.nonfinite.finish(state.step - state.first_step,
+                                        record["epochs"][-1] if record["epochs"] else None)
+        if info["nonfinite_skipped_steps"] and not failed and runtime.rank() == 0:
+            runtime.eprint(f"ddtrain: note: {info['nonfinite_skipped_steps']} step(s) had a non-finite loss or "
+                           "gradients and were skipped (the record's reliability.nonfinite_skipped lists them)")
     for hook in bound(callbacks, "on_train_end"):
         hook(record, state)  # callbacks add to the record (the profile) before its one write
     if runtime.rank() == 0 and not info.get("preempted"):  # a preempted run is not over: its outputs come at its end
         if config.out:
             files.write_json(config.out, record)
-        if config.save:
+        if config.save and not failed:
             files.save_model(strategy.module, config.save)
+    if failed:
+        said = f"; the record {config.out} says so" if config.out else ""
+        kept = f", and --save {config.save} was not written" if config.save else ""
+        raise (DDTrainError if runtime.rank() == 0 else consistency.PeerStopped)(
+            f"training failed: {failed}{said}{kept}")
     return record
 
 
@@ -207,6 +221,7 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
         _preempted(state, saved=False)
         return
     step_model.train()
+    state.first_step = step    # this process's first step (a resumed run starts later)
     for epoch in range(state.epoch, state.epochs + 1):
         state.epoch = epoch
         loader.set_epoch(epoch)
@@ -245,7 +260,8 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
             else:
                 loss, seen = _accumulate(group, step_model, loss_fn, no_sync, nonfinite, scaler, device, amp, step)
             t_compute = time.perf_counter()
-            if not nonfinite.step_ok(step):  # non-finite and on_nonfinite="skip": every rank skips it
+            applied = nonfinite.step_ok(step)
+            if not applied:  # non-finite and on_nonfinite="skip": every rank skips it
                 pass
             elif scaler:
                 scaler.step(optimizer)
@@ -259,7 +275,7 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
             compute_s += t_compute - t_data
             optimizer_s += t_end - t_compute
             begin, last = last, t_end
-            for micro_loss, out, y in seen:
+            for micro_loss, out, y in seen if applied else ():   # a skipped step's loss is no training loss
                 meter.add(micro_loss, out, y, classify)
             step += 1
             steps_done += 1

@@ -57,6 +57,8 @@ NOT_PERTURBED = {
     "resume_any": "needs another run's checkpoint (tests/reliability/test_ownership.py)",
     "resume_schedule_change": "needs a checkpoint written under other schedule settings (tests/reliability/"
                               "test_checkpoint.py: refused without it, the schedule changed with it)",
+    "resume_data_change": "needs a checkpoint written on other data (tests/reliability/test_consistency_data.py: "
+                          "refused without it, resumed with it)",
     "max_restarts": "read by the launcher (torchrun's agent restarts workers), not by fit",
     "preempt_grace_s": "read by the launcher (how long it lets the workers save after a stop signal), not by fit",
     "mlflow": "an optional library that logs to a tracking server (tests/observe/test_tracking.py)",

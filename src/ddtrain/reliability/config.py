@@ -17,6 +17,7 @@ class ReliabilityConfig:
     resume: bool = False                                # continue from the newest whole checkpoint in --checkpoint-dir
     resume_any: bool = False                            # with --resume: continue even from a checkpoint another run wrote into --checkpoint-dir (its lineage is adopted)
     resume_schedule_change: bool = False                # with --resume: continue even when the lr schedule's settings (--steps, --epochs, --lr-schedule, warm-up, milestones) give the updates already trained another lr than the checkpoint's; the updates after it follow this run's schedule
+    resume_data_change: bool = False                    # with --resume: continue even when the training data differs from the checkpoint's (labels or a sample of inputs: another file of the same size and shape)
     max_restarts: int = 0                               # restart all workers this often after one fails (they resume from the last checkpoint)
     on_nonfinite: Literal["stop", "skip"] = field(default="stop", metadata={"agree": True, "resume": "may-change"})   # non-finite loss or gradients: stop naming step and rank, or skip the step on every rank
     on_mismatch: Literal["stop", "rebroadcast"] = field(default="stop", metadata={"agree": True, "resume": "may-change"})   # replicas differ at a --check-every check: stop, or copy rank 0's parameters to all
@@ -41,7 +42,7 @@ class ReliabilityConfig:
             parse_signals(self.preempt_signal)
         except DDTrainError as exc:
             raise ConfigError("preempt_signal", str(exc).split(" ", 1)[-1]) from None
-        for name in ("resume_any", "resume_schedule_change"):
+        for name in ("resume_any", "resume_schedule_change", "resume_data_change"):
             if getattr(self, name) and not self.resume:
                 raise ConfigError(name, "needs resume", mentions=("resume",))
         for name in ("resume", "checkpoint_every", "preempt_signal", "requeue"):

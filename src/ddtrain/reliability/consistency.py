@@ -9,7 +9,9 @@ with the one a checkpoint was written under.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -55,6 +57,47 @@ def _input_dtype(dataset) -> str:
     return str(getattr(sample, "dtype", type(sample).__name__))
 
 
+# The training data's content, cheaply: a checksum of every label and of a fixed sample of inputs
+# (evenly spaced, the same on every rank and in every run). Size and shape alone let a resume go on
+# over other data of the same shape (labels permuted, another file) without a word.
+DATA_FIELDS = ("train_labels", "train_inputs")
+DATA_SAMPLE = 32        # inputs checksummed (an image format: its first DATA_SAMPLE_FILES of them, read raw)
+DATA_SAMPLE_FILES = 8
+
+
+def _checksum(*parts) -> str:
+    digest = hashlib.sha256()
+    for part in parts:
+        if isinstance(part, torch.Tensor):
+            part = part.detach().cpu().contiguous().numpy()
+        if isinstance(part, np.ndarray):
+            digest.update(f"{part.dtype}{part.shape}".encode())
+            part = np.ascontiguousarray(part).tobytes()
+        digest.update(part if isinstance(part, bytes) else repr(part).encode())
+    return digest.hexdigest()[:16]
+
+
+def data_checksums(dataset) -> dict:
+    """``{"train_labels": ..., "train_inputs": ...}`` of ``dataset`` (None where its kind keeps them out of reach:
+    a lazily computed or user-defined dataset, whose samples may be drawn at random)."""
+    n = len(dataset)
+    sample = sorted({int(i) for i in np.linspace(0, n - 1, min(n, DATA_SAMPLE)).round()}) if n else []
+    labels = inputs = None
+    y, x = getattr(dataset, "y", None), getattr(dataset, "x", None)
+    if isinstance(y, torch.Tensor):
+        labels = _checksum(y)
+    elif isinstance(getattr(dataset, "labels", None), np.ndarray):
+        labels = _checksum(dataset.labels)
+    if isinstance(x, torch.Tensor):
+        inputs = _checksum(x[sample])
+    elif callable(getattr(dataset, "read", None)):   # an image format: the files' bytes, not decoded
+        try:
+            inputs = _checksum(*(dataset.read(i) for i in sample[:DATA_SAMPLE_FILES]))
+        except Exception:   # an unreadable file is named when training reaches it
+            inputs = None
+    return {"train_labels": labels, "train_inputs": inputs}
+
+
 def fingerprint(config, model, data, world_size: int) -> dict:
     """What must be identical on every rank (and in a checkpoint we resume from).
 
@@ -69,9 +112,13 @@ def fingerprint(config, model, data, world_size: int) -> dict:
            "parameter_count": sum(p.numel() for p in model.parameters()), "parameter_shapes": shapes,
            "train_samples": len(data.train),
            "val_samples": len(data.val) if data.val is not None else 0, "sample_shape": list(data.sample_shape),
-           "input_dtype": _input_dtype(data.train), "num_classes": data.num_classes}
+           "input_dtype": _input_dtype(data.train), "num_classes": data.num_classes,
+           **data_checksums(data.train)}
     out["resume"] = {name: mark["resume"] for name, mark in marks.items()
                      if mark.get("resume") in ("same", "same-workers")}
+    # a resume needs the same data unless resume_data_change (--resume-data-change) says other data is meant
+    if not getattr(config.reliability, "resume_data_change", False):
+        out["resume"].update(dict.fromkeys(DATA_FIELDS, "same"))
     return out
 
 
@@ -100,6 +147,13 @@ def differences(reference: dict, other: dict, fields=None, *, recorded_only: boo
             continue
         a, b = reference.get(field), other.get(field)
         if a == b:
+            continue
+        if field in DATA_FIELDS:
+            what = "labels" if field == "train_labels" else f"inputs (a fixed sample of {DATA_SAMPLE})"
+            # recorded_only: a checkpoint's fingerprint (a rank's, at start-up, holds every field)
+            override = "; to train on this data anyway: --resume-data-change" if recorded_only else ""
+            out.append(f"other training data of the same size and shape: its {what} differ "
+                       f"(checksum {b} vs {a}{override})")
             continue
         if field == "parameter_shapes" and isinstance(a, list) and isinstance(b, list):
             pairs = [(x, y) for x, y in zip(a, b) if x != y]

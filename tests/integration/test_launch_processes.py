@@ -249,3 +249,28 @@ def test_a_handled_traceback_of_the_script_reaches_the_user(tmp_path):
     assert lines[-1].startswith("ddtrain: error: worker rank 0 failed with exit code 1; the job was stopped "
                                 "(rank 0's full output: "), failed.stderr
     assert Path(lines[-1].rsplit(": ", 1)[1].rstrip(")")).exists()   # the folder named is kept
+
+
+LOOP = """
+    import os, time, torch, ddtrain
+    import torch.distributed as dist
+    ddtrain.init()
+    os.write(1, b"ready 0 0\\n")
+    while True:
+        dist.all_reduce(torch.ones(1000))
+        time.sleep(0.01)
+"""
+
+
+@pytest.mark.slow   # a 2-worker launch: about 8 s here
+def test_ctrl_c_of_ddtrain_run_is_one_line_without_the_workers_tracebacks(tmp_path):
+    """Was: rank 0's KeyboardInterrupt and Gloo tracebacks ("[rank0]: Traceback ...") before the exit 130."""
+    job = start(tmp_path, "--nproc", "2", script(tmp_path, LOOP))
+    with job_tree(tmp_path, job):
+        job.stdout.readline()
+        time.sleep(1)
+        os.killpg(job.pid, signal.SIGINT)
+        job.wait(timeout=60)
+        err = job.stderr.read()
+        assert job.returncode == 130, err
+        assert err.strip().splitlines() == ["ddtrain: interrupted (Ctrl-C); the workers were stopped"], err

@@ -214,7 +214,7 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
                        "--max-restarts", str(max_restarts), "--monitor-interval", "0.2",
                        *([] if logs is None else ["--log-dir", logs.root, "--redirects", "2"]),
                        "--module", module, *argv])
-    failed = True
+    failed, interrupted = True, False
     if max_restarts:
         count_reforms()
     stop = _StopSignals(preempt) if preempt is not None else None
@@ -240,21 +240,21 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
         print(failure_line(rank, failure, logs), file=sys.stderr, flush=True)
         return failure.exitcode if failure.exitcode > 0 else 1
     except SignalException as exc:  # torchrun's handler: it has stopped the workers with the same signal
-        failed = False
+        failed, interrupted = False, True
         if stop is not None and (stop.report() is not None or stop.error(logs)):
             failed = stop.report() is None
             return stop.finish(logs)
         return stopped_by(int(exc.sigval), job.killed_at)
     except KeyboardInterrupt:  # before torchrun's handler was in place
-        failed = False
+        failed, interrupted = False, True
         return stopped_by(signal.SIGINT, job.killed_at)
     finally:
         if stop is not None:
             stop.close()
         notice.close()
-        job.close(succeeded=not failed and job.signals == 0)
-        if logs is not None:
-            logs.close(keep=failed, show_held=not failed and job.signals == 0)
+        job.close(succeeded=not failed and not interrupted and job.signals == 0)
+        if logs is not None:   # a stopped job's tracebacks are the stop's consequences (Gloo's lost peers): not shown
+            logs.close(keep=failed, show_held=not failed and not interrupted and job.signals == 0)
     return 0
 
 

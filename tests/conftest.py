@@ -1,3 +1,5 @@
+import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -27,6 +29,20 @@ def brain_dir():
     if not BRAIN_DIR.is_dir():
         pytest.skip(f"the MNI152 brain volumes are not at {BRAIN_DIR}")
     return BRAIN_DIR
+
+
+@pytest.fixture(scope="session", autouse=True)
+def launcher_logs(tmp_path_factory):
+    """The workers' log folders of the suite's launches, in one folder removed at the end (issue 32: failed jobs
+    keep theirs, named in their message, and the suite left about a hundred ddtrain-logs-* in $TMPDIR)."""
+    if "DDTRAIN_LOG_DIR" in os.environ:
+        yield
+        return
+    folder = tmp_path_factory.mktemp("launcher-logs")
+    os.environ["DDTRAIN_LOG_DIR"] = str(folder)
+    yield
+    os.environ.pop("DDTRAIN_LOG_DIR", None)
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -74,8 +74,8 @@ def stop_launcher_at(step: int, nproc: int, args, signals=(signal.SIGTERM, signa
 
 # the seconds from the signal when the launcher (or rank 0) received it
 STOPPED = re.compile(r"^ddtrain: stopped by (SIG\w+|a signal to a worker): every worker finished step (\d+); "
-                     r"checkpoint (\S+) written( (\d+\.\d+) s after the signal)?; run the same command with --resume "
-                     r"to continue$")
+                     r"checkpoint (\S+) written( (\d+\.\d+) s after the signal)?; to continue from there: "
+                     r"ddtrain train .* --resume$")   # the exact command (issue 32)
 
 
 @pytest.mark.slow  # three 2-worker runs

@@ -179,14 +179,11 @@ def _run(module_name: str, words, help_: str, rest: list[str]) -> int:
         return _report_unexpected(exc)
 
 
-PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET",
-             "connection refused", "Socket closed")
-
-
 def _report_unexpected(exc: Exception) -> int:
     """One line for this rank. A rank that merely lost a failed peer says so without claiming the error."""
     import os
     import traceback
+    from ddtrain.distributed.launch import PEER_LOST   # one list, the launcher's too
     from ddtrain.distributed.runtime import eprint
     debug = bool(os.environ.get("DDTRAIN_DEBUG"))
     if debug:

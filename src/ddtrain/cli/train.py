@@ -79,15 +79,43 @@ def main(args) -> int:
             return launch.PEER_STOPPED_EXIT
         stopped, rank = record["reliability"].get("preempted"), runtime.rank()
         runtime.shutdown()
-        return preempted_exit(config, stopped, rank) if stopped else 0
+        if stopped:
+            return preempted_exit(config, stopped, rank)
+        if rank == 0 and not config.quiet and launch.LAUNCHER_PID_ENV not in os.environ:   # srun, torchrun: say it here
+            print(outputs_line(config), flush=True)
+        return 0
     config = resume_if_requeued(config)
     servers = strategy_spec(config.strategy).extra_ranks(config.sync.servers)
-    plan = plan_launch(launch_spec(config, args.min_nproc, args.nproc, servers), fits=shares_global_batch(config),
-                       joining=joins_running_job)
+    spec = launch_spec(config, args.min_nproc, args.nproc, servers)
+    spec.resume_hint = f"to continue from there: {resume_command(getattr(args, 'argv', []))}"
+    plan = plan_launch(spec, fits=shares_global_batch(config), joining=joins_running_job)
     if plan.joining:
         config = dataclasses.replace(config, reliability=dataclasses.replace(config.reliability, resume=True))
     validate(config, plan.workers)
-    return plan.start(["train", *to_argv(config)])
+    code = plan.start(["train", *to_argv(config)])
+    if code == 0 and not config.quiet:
+        print(outputs_line(config), flush=True)
+    return code
+
+
+def outputs_line(config) -> str:
+    """The closing line of a finished run: where each of its outputs went (issue 32: a run never said)."""
+    outputs = [(config.out, "results record {}"), (config.save, "model {}"),
+               (config.reliability.checkpoint_dir, "checkpoints in {}"), (config.tracking.csv, "metrics CSV {}"),
+               (config.tracking.tensorboard, "TensorBoard logs in {}"), (config.profile.trace, "trace {}")]
+    named = [what.format(path) for path, what in outputs if path]
+    if config.tracking.mlflow:
+        named.append(f"an MLflow run at {os.environ.get('MLFLOW_TRACKING_URI') or './mlruns'}")
+    if not named:
+        return "ddtrain: done; nothing was saved (--out FILE keeps the results record, --save FILE the model)"
+    return f"ddtrain: done; outputs: {', '.join(named)}"
+
+
+def resume_command(argv: list[str]) -> str:
+    """The exact command that continues this run from its newest checkpoint (said after a stop on Ctrl-C/SIGTERM)."""
+    import shlex
+    own = argv[:argv.index("--")] if "--" in argv else argv
+    return shlex.join(["ddtrain", "train", *argv, *([] if "--resume" in own else ["--resume"])])
 
 
 def launch_spec(config, min_nproc: int, nproc: int, servers: int) -> LaunchSpec:

@@ -19,6 +19,7 @@ import shutil
 import signal
 import socket
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
@@ -87,7 +88,11 @@ def die_with_launcher() -> None:
     except ValueError:
         return
     if os.getppid() != launcher:
-        if not _alive(launcher):
+        # torchrun starts each worker in a session of its own: a session leader whose parent is not the
+        # launcher was reparented, so the launcher died before this worker got here (issue 32: a launcher
+        # killed while its workers imported torch left both running, since its pid, a zombie its own
+        # parent had not reaped yet, still answered os.kill(pid, 0)).
+        if os.getsid(0) == os.getpid() or not _alive(launcher):
             os._exit(1)
         return  # a process started further down (not by torchrun's agent): not ours to tie
     if sys.platform.startswith("linux"):
@@ -105,13 +110,8 @@ def die_with_launcher() -> None:
 
 
 def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+    from ddtrain.distributed.processes import running
+    return running(pid)
 
 
 def _watch_parent(launcher: int) -> None:
@@ -214,11 +214,13 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
                        "--max-restarts", str(max_restarts), "--monitor-interval", "0.2",
                        *([] if logs is None else ["--log-dir", logs.root, "--redirects", "2"]),
                        "--module", module, *argv])
-    failed = True
+    failed, interrupted = True, False
     if max_restarts:
         count_reforms()
     stop = _StopSignals(preempt) if preempt is not None else None
+    job = _Job(logs, preempt, nodes)
     try:
+        job.start()
         if stop is not None:
             stop.start()
         run(args)
@@ -226,7 +228,8 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
         if stop is not None and stop.report() is not None:   # a worker was signalled (not this launcher)
             return stop.finish(logs)
     except ChildFailedError as exc:
-        rank, failure = cause(exc.failures)
+        said = (lambda local_rank: logs.message(local_rank)[0]) if logs is not None else None
+        rank, failure = cause(exc.failures, said)
         if outcome is not None:
             detail = logs.message(failure.local_rank)[0] if logs is not None else None
             outcome.update(rank=rank, exitcode=failure.exitcode, line=failure_line(rank, failure, logs),
@@ -237,21 +240,115 @@ def run_local(nproc: int, argv: list[str], *, max_restarts: int = 0, env: dict |
         print(failure_line(rank, failure, logs), file=sys.stderr, flush=True)
         return failure.exitcode if failure.exitcode > 0 else 1
     except SignalException as exc:  # torchrun's handler: it has stopped the workers with the same signal
-        failed = False
+        failed, interrupted = False, True
         if stop is not None and (stop.report() is not None or stop.error(logs)):
             failed = stop.report() is None
             return stop.finish(logs)
-        return stopped_by(int(exc.sigval))
+        return stopped_by(int(exc.sigval), job.killed_at)
     except KeyboardInterrupt:  # before torchrun's handler was in place
-        failed = False
-        return stopped_by(signal.SIGINT)
+        failed, interrupted = False, True
+        return stopped_by(signal.SIGINT, job.killed_at)
     finally:
         if stop is not None:
             stop.close()
         notice.close()
-        if logs is not None:
-            logs.close(keep=failed)
+        job.close(succeeded=not failed and not interrupted and job.signals == 0)
+        if logs is not None:   # a stopped job's tracebacks are the stop's consequences (Gloo's lost peers): not shown
+            logs.close(keep=failed, show_held=not failed and not interrupted and job.signals == 0)
     return 0
+
+
+class _Job:
+    """One launch's processes (issue 32): marked, ended with the job, and its stop signals seen from a thread.
+
+    Every worker and whatever it starts carries this launch's token (``processes.TOKEN_ENV``) and
+    each worker's pid (its session) is noted as torchrun starts it, so that when the job ends (done,
+    failed or stopped) nothing it started keeps running. Stop signals are counted by a thread
+    (``processes.SignalWatch``): the second (the third with a checkpoint directory, whose second is
+    the workers' time to save) kills the workers at once with SIGKILL; a signal while no worker runs
+    and the launcher is blocked in torch's C++ (a rendezvous waiting for nodes that never come) ends
+    the launcher with one line.
+    """
+
+    def __init__(self, logs, preempt, nodes):
+        from ddtrain.distributed import processes
+        self.logs, self.preempt, self.nodes = logs, preempt, nodes
+        self.token = processes.new_token()
+        self.sessions: list[int] = []
+        self.signals = 0
+        self.killed_at = 0      # the stop signal (1st, 2nd, ...) at which the workers were killed; 0: not
+        self._restore: list = []
+        self.watch = processes.SignalWatch(kill_after=3 if preempt is not None else 2, stuck=self._stuck,
+                                           escalate=self._escalate, workers_alive=self._workers_alive)
+
+    def start(self) -> None:
+        from torch.distributed.elastic.multiprocessing import api
+        from ddtrain.distributed.processes import TOKEN_ENV
+        os.environ[TOKEN_ENV] = self.token
+        try:
+            from torch.distributed.elastic.multiprocessing.subprocess_handler.subprocess_handler import (
+                SubprocessHandler)
+        except ImportError:   # another torch: the token alone finds the job's processes
+            SubprocessHandler = None
+        if SubprocessHandler is not None and hasattr(SubprocessHandler, "_popen"):
+            original, sessions = SubprocessHandler._popen, self.sessions
+
+            def popen(handler, *a, **kw):
+                proc = original(handler, *a, **kw)
+                sessions.append(proc.pid)   # torchrun starts each worker in a session of its own (start_new_session)
+                return proc
+            self._restore.append((SubprocessHandler, "_popen", original))
+            SubprocessHandler._popen = popen
+        if threading.current_thread() is threading.main_thread():
+            # SIGUSR1/SIGUSR2 end a launcher by default, leaving its folders behind; stop the job as SIGTERM does
+            for number in (signal.SIGUSR1, signal.SIGUSR2):
+                if signal.getsignal(number) in (signal.SIG_DFL, None):
+                    self._restore.append((signal, number, signal.signal(
+                        number, lambda signum, frame: api._terminate_process_handler(signum, frame))))
+        self.watch.start()
+
+    def _workers_alive(self) -> bool:
+        from ddtrain.distributed.processes import running
+        return any(running(pid) for pid in self.sessions)
+
+    def _escalate(self, signum: int, count: int) -> None:
+        from ddtrain.distributed.processes import end_job
+        self.signals = max(self.signals, count)
+        if not self.killed_at:
+            self.killed_at = count
+        end_job(self.token, self.sessions, grace_s=0)
+
+    def _stuck(self, signum: int) -> None:
+        """A stop signal, no worker running and the launcher still here: blocked in torch's C++; end now."""
+        from ddtrain.distributed.processes import end_job
+        self.signals = max(self.signals, 1)
+        where = (f"waiting for the other nodes at {self.nodes[2]} (--rdzv-endpoint)" if self.nodes
+                 else "before its workers started")
+        what = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
+        print(f"ddtrain: {what} {where}; stopped", file=sys.stderr, flush=True)
+        end_job(self.token, self.sessions, grace_s=0)
+        if self.logs is not None:
+            shutil.rmtree(self.logs.root, ignore_errors=True)
+        preempt_folder = os.path.dirname(os.environ.get(PREEMPT_REPORT_ENV, "")) or None
+        if preempt_folder:
+            shutil.rmtree(preempt_folder, ignore_errors=True)
+        os._exit(128 + int(signum))
+
+    def close(self, succeeded: bool) -> None:
+        from ddtrain.distributed.processes import TOKEN_ENV, describe, end_job
+        self.signals = max(self.signals, self.watch.count)
+        self.watch.close()
+        for owner, name, value in reversed(self._restore):
+            if owner is signal:
+                signal.signal(name, value if value is not None else signal.SIG_DFL)
+            else:
+                setattr(owner, name, value)
+        self._restore = []
+        left = end_job(self.token, self.sessions)   # a script's children, a rank's helpers: none outlives the job
+        os.environ.pop(TOKEN_ENV, None)
+        if left and succeeded:
+            print(f"ddtrain: note: the job's workers left {len(left)} process(es) running ({describe(left)}); "
+                  f"stopped them with the job", file=sys.stderr, flush=True)
 
 
 class _StopSignals:
@@ -268,6 +365,8 @@ class _StopSignals:
         self.policy = policy
         self.received: list[tuple[int, float]] = []    # (signal, time.time()) as they came
         self.folder = tempfile.mkdtemp(prefix="ddtrain-preempt-")
+        from ddtrain.distributed.processes import claim_folder
+        claim_folder(self.folder)   # a launcher killed before close() leaves it: the next launch removes it
         self.path = os.path.join(self.folder, "report.json")
         os.environ[PREEMPT_REPORT_ENV] = self.path
         if policy.signals:
@@ -363,7 +462,8 @@ def report_preemption(report: dict, policy: PreemptPolicy, *, signal_name: str |
             print(f"ddtrain: warning: could not requeue SLURM job {job} ({problem}); {policy.resume_hint}",
                   file=sys.stderr, flush=True)
         return PREEMPTED_EXIT
-    print(f"{line}; {policy.resume_hint}", file=sys.stderr, flush=True)
+    hint = policy.resume_hint if path else "nothing to resume from yet: run the same command again to start over"
+    print(f"{line}; {hint}", file=sys.stderr, flush=True)
     return PREEMPTED_EXIT
 
 
@@ -443,11 +543,20 @@ def elastic_conf(rendezvous: list[str], conf: dict | None = None) -> list[str]:
     return [*out, "--rdzv-conf", ",".join(f"{k}={v}" for k, v in merged.items())]
 
 
-def stopped_by(signum: int) -> int:
-    """One line for a job stopped by a signal (Ctrl-C, SIGTERM); the exit status a shell gives it (128 + N)."""
+def stopped_by(signum: int, killed_at: int = 0) -> int:
+    """One line for a job stopped by a signal (Ctrl-C, SIGTERM); the exit status a shell gives it (128 + N).
+
+    ``killed_at``: the repeated signal (2nd, 3rd) at which the launcher killed workers that had not
+    stopped (``_Job``), 0 when they stopped by themselves.
+    """
     name = signal.Signals(signum).name
     what = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {name}"
-    print(f"ddtrain: {what}; the workers were stopped", file=sys.stderr, flush=True)
+    if killed_at:
+        nth = {2: "second", 3: "third"}.get(killed_at, f"{killed_at}th")
+        print(f"ddtrain: {what}; the workers had not stopped by the {nth} signal and were killed (SIGKILL)",
+              file=sys.stderr, flush=True)
+    else:
+        print(f"ddtrain: {what}; the workers were stopped", file=sys.stderr, flush=True)
     return 128 + int(signum)
 
 
@@ -460,19 +569,34 @@ def failure_line(rank: int, failure, logs) -> str:
     return f"ddtrain: error: {describe_failure(rank, failure.exitcode, line, logs is None)}{where}"
 
 
-def _priority(exitcode: int) -> int:
+# A rank's own words when it lost a peer that failed first (Gloo's and the store's): its failure is a consequence.
+PEER_LOST = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "ECONNRESET",
+             "connection refused", "Socket closed")
+
+
+def _priority(exitcode: int, message: str | None = None) -> int:
     """Which failure caused the others: a signal other than the agent's SIGTERM, then an error status,
-    then a rank that failed with an error of its own (1), then one that lost its peers or stopped
-    for rank 0's report, then SIGTERM."""
+    then a rank that failed with an error of its own (1), then one that lost its peers (by its exit
+    status, or by its last words: a script's rank 0 dies on Gloo's "Connection closed by peer" when
+    rank 1 raised) or stopped for rank 0's report, then SIGTERM."""
     if exitcode < 0:
         return 4 if -exitcode == signal.SIGTERM else 0
+    if message and any(p.lower() in message.lower() for p in PEER_LOST):
+        return 3
     return {1: 2, LOST_PEER_EXIT: 3, PEER_STOPPED_EXIT: 3}.get(exitcode, 1)
 
 
-def cause(failures: dict):
-    """(rank, failure) that most likely started a failed job (torchrun's timestamps are whole seconds)."""
+def cause(failures: dict, said=None):
+    """(rank, failure) that most likely started a failed job (torchrun's timestamps are whole seconds).
+
+    ``said(local_rank)``: that worker's last error line, if known (``WorkerLogs.message``).
+    """
     order = {r: i for i, r in enumerate(failures)}  # torchrun lists them in the order it saw them fail
-    rank = min(failures, key=lambda r: (_priority(failures[r].exitcode), failures[r].timestamp, order[r]))
+
+    def key(r):
+        failure = failures[r]
+        return _priority(failure.exitcode, said(failure.local_rank) if said else None), failure.timestamp, order[r]
+    rank = min(failures, key=key)
     return rank, failures[rank]
 
 
@@ -534,19 +658,39 @@ class WorkerLogs:
     """The workers' stderr, which torchrun writes under ``root``: read as it grows, by a thread.
 
     Lines the workers print for the user (their notes and warnings) go on to this process's
-    stderr as they come; their error lines are kept for the launcher's one line; C++ log
-    records and tracebacks stay in the files, which are deleted after a job that did not fail.
+    stderr as they come; their error lines are kept for the launcher's one line; C++ log records
+    stay in the files. A traceback is held back: one that a worker printed and went on from (a
+    script's ``traceback.print_exc()``) is passed on when the worker prints its next line, or when
+    the job succeeds; one that ended a failed worker is the launcher's one line (the exception and
+    the script's line), and the file that holds it is named and kept. The files of a job that did
+    not fail are deleted; a failed job's folder is kept (marked, ``processes.keep_folder``) and the
+    next launches keep only the newest few (``processes.sweep_folders``).
     """
 
     CPP_LOG = re.compile(r"^\[[IWEF]\d{4} \d\d:\d\d:\d\d|^Exception raised from |^frame #\d+: |^<omitting python frames>")
-    ERROR = ("ddtrain: error:", "stopped: lost contact with another rank")
+    ERROR = ("ddtrain: error:", "stopped: lost contact with another rank", "(the same error at the same place as rank")
+    # torch's process group prefixes every line of an uncaught exception's traceback with "[rankN]: "
+    TORCH_PREFIX = re.compile(r"^\[rank\d+\]: ?")
+    CHAIN = ("During handling", "The above exception")
+    FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)')
+    # frames of ddtrain, the standard library and installed packages: the script's line is the last other one
+    NOT_THE_SCRIPT = ("<frozen ", f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}",
+                      os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+                      sysconfig.get_paths()["stdlib"] + os.sep)
 
     def __init__(self):
+        from ddtrain.distributed.processes import claim_folder, sweep_folders
         # DDTRAIN_LOG_DIR: where the folder goes (default: the temporary directory)
-        self.root = tempfile.mkdtemp(prefix="ddtrain-logs-", dir=os.environ.get("DDTRAIN_LOG_DIR") or None)
+        parent = os.environ.get("DDTRAIN_LOG_DIR") or tempfile.gettempdir()
+        sweep_folders(parent)  # what killed launchers left, and all but the newest failed jobs' logs
+        if parent != tempfile.gettempdir():
+            sweep_folders(tempfile.gettempdir(), prefixes=("ddtrain-preempt-",))
+        self.root = tempfile.mkdtemp(prefix="ddtrain-logs-", dir=parent)
+        claim_folder(self.root)
         self.files: dict[str, dict] = {}
         self.errors: dict[tuple[int, int], str] = {}    # (attempt, local rank) -> its first error line
         self.last: dict[tuple[int, int], str] = {}      # (attempt, local rank) -> the end of its traceback
+        self.where: dict[tuple[int, int], str] = {}     # (attempt, local rank) -> the script's line in it
         self.lock = threading.Lock()
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._follow, daemon=True, name="ddtrain-worker-logs")
@@ -570,7 +714,7 @@ class WorkerLogs:
             return 0, 0
 
     def _read(self, path: str, final: bool = False) -> None:
-        state = self.files.setdefault(path, {"offset": 0, "partial": "", "traceback": False})
+        state = self.files.setdefault(path, {"offset": 0, "partial": "", "traceback": False, "held": []})
         try:
             with open(path, "rb") as f:
                 f.seek(state["offset"])
@@ -586,24 +730,53 @@ class WorkerLogs:
             self._line(self._key(path), state, line.rstrip("\r"))
 
     def _line(self, key, state, line: str) -> None:
+        line = self.TORCH_PREFIX.sub("", line)
+        held = state["held"]
         if line.startswith("Traceback (most recent call last)"):
             state["traceback"] = True
+            held.append(line)
             return
         if state["traceback"]:
-            if not line.strip() or line[:1].isspace() or line.startswith(("During handling", "The above exception")):
+            held.append(line)
+            if not line.strip() or line[:1].isspace() or line.startswith(self.CHAIN):
                 return
             state["traceback"] = False
             self.last[key] = line  # the exception itself
+            frames = [m for m in map(self.FRAME.match, held) if m and not any(
+                mark in m.group(1) for mark in self.NOT_THE_SCRIPT)]
+            if frames:
+                self.where[key] = f"{frames[-1].group(1)}, line {frames[-1].group(2)}"
             return
+        if held and (not line.strip() or line.startswith(self.CHAIN)):
+            held.append(line)   # between the tracebacks of a chained exception
+            return
+        if self.CPP_LOG.search(line):
+            return
+        if held:   # the worker went on after its traceback: it was handled, and is the script's to show
+            self._show_held(state)
+            self.last.pop(key, None)   # shown, and not what ended the worker
+            self.where.pop(key, None)
         if any(mark in line for mark in self.ERROR):
             self.errors.setdefault(key, line)
             return
-        if not line.strip() or self.CPP_LOG.search(line):
+        if not line.strip():
             return
         print(line, file=sys.stderr, flush=True)
 
+    @staticmethod
+    def _show_held(state) -> None:
+        held = state["held"]
+        while held and not held[-1].strip():
+            held.pop()
+        if held:
+            print("\n".join(held), file=sys.stderr, flush=True)
+        state["held"] = []
+
     def message(self, local_rank: int) -> tuple[str | None, str | None]:
-        """(the error line, the log file) of ``local_rank`` in the newest attempt it has a log in."""
+        """(the error line, the log file) of ``local_rank`` in the newest attempt it has a log in.
+
+        A traceback's end comes with the script's line that raised it: ``ValueError: x (at job.py, line 5)``.
+        """
         self.poll()
         with self.lock:
             attempts = [a for a, r in (self._key(p) for p in self.files) if r == local_rank]
@@ -611,16 +784,28 @@ class WorkerLogs:
                 return None, None
             key = (max(attempts), local_rank)
             path = next(p for p in self.files if self._key(p) == key)
-            return self.errors.get(key) or self.last.get(key), path
+            if key in self.errors:
+                return self.errors[key], path
+            if key in self.last:
+                return self.last[key] + (f" (at {self.where[key]})" if key in self.where else ""), path
+            return None, path
 
-    def close(self, keep: bool) -> None:
-        """Stop following (after a last read); the files go unless ``keep``."""
+    def close(self, keep: bool, show_held: bool = False) -> None:
+        """Stop following (after a last read); the files go unless ``keep``.
+
+        ``show_held``: the job succeeded, so a traceback a worker printed last was handled (it exited 0): pass it on.
+        """
+        from ddtrain.distributed.processes import keep_folder
         self.done.set()
         self.thread.join(timeout=5)
         with self.lock:
             for path in list(self.files):
                 self._read(path, final=True)
-        if not keep:
+                if show_held:
+                    self._show_held(self.files[path])
+        if keep:
+            keep_folder(self.root)
+        else:
             shutil.rmtree(self.root, ignore_errors=True)
 
 

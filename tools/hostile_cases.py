@@ -57,6 +57,7 @@ class Case:
     during: object = None          # callable(proc, handle) while the command runs (e.g. SIGSTOP a worker)
     look_for: str = ""             # expect=warned/ok: a phrase that must appear
     check: object = None           # callable(T, row) -> None, or "verdict: why" (e.g. "data-loss: ...")
+    judge: object = None           # callable(row, case, T, output) -> row: the case's own verdict rules, last
 
 
 # ---------------------------------------------------------------- scratch inputs
@@ -729,6 +730,10 @@ def run_case(i: int, case: Case, T: Path) -> dict:
         found = case.check(T, row)
         if found:
             row["verdict"], row["why"] = found.split(":", 1)[0].strip(), found.split(":", 1)[-1].strip()
+    if case.judge:
+        row = case.judge(row, case, T, output)
+        if row["verdict"] == "ok" and left:    # what the marker found (and killed) counts after any judge
+            row["verdict"] = "orphan"
     return row
 
 

@@ -211,7 +211,14 @@ def cases() -> list[Case]:
          look_for="to continue from there: ddtrain train", limit_s=180)
     # ``before`` returns the case's folder; ``during`` of the checkpoint case wants T itself
     out[-1].before = lambda T: (scripts(T, "ctrlc"), T)[1]
+    for c in out:   # in hostile_cases' table too: ``stopped`` and the leftovers judged here
+        c.judge = _judge
     return out
+
+
+def _judge(row: dict, case: Case, T: Path, output: str) -> dict:
+    time.sleep(2)   # a worker killed by its parent's death needs a moment to go
+    return verdict(row, case, T, output)
 
 
 def verdict(row: dict, case: Case, T: Path, output: str) -> dict:
@@ -239,10 +246,7 @@ def verdict(row: dict, case: Case, T: Path, output: str) -> dict:
 def run(case: Case, i: int) -> dict:
     T = Path(tempfile.mkdtemp(prefix="ddtrain-hostile-r3-"))
     try:
-        row = run_case(i, case, T)
-        output = "\n".join(row["stderr_lines"]) + "\n" + row["shown"]
-        time.sleep(2)   # a worker killed by its parent's death needs a moment to go
-        return verdict(row, case, T, output.replace("T/", f"{T}/"))
+        return run_case(i, case, T)   # judged by _judge, inside
     finally:
         import shutil
         shutil.rmtree(T, ignore_errors=True)

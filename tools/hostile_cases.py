@@ -193,7 +193,10 @@ def _fingerprinted_checkpoint(T: Path) -> None:
 
 
 def _env() -> dict:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src"), "PYTHONUNBUFFERED": "1"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO / "src"), "PYTHONUNBUFFERED": "1",
+           # torch's compile cache where it goes without a case's own TMPDIR: kept across runs by design, no leak
+           "TORCHINDUCTOR_CACHE_DIR": os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+               tempfile.gettempdir(), f"torchinductor_{os.environ.get('USER', 'root')}")}
     for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "DDTRAIN_RUN_ID", "DDTRAIN_FAULT"):
         env.pop(name, None)
     return env

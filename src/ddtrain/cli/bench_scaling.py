@@ -38,7 +38,8 @@ def add_arguments(p) -> None:
 
 def config_from_args(args) -> ScalingConfig:
     """The matrix's axes from their flags, every cell's shared settings as a TrainConfig (``ScalingConfig.of``)."""
-    sync_every = int(args.sync_every) if str(args.sync_every).isdigit() else args.sync_every
+    # isdecimal, not isdigit: '²'.isdigit() is True and int('²') was a traceback (issue 32)
+    sync_every = int(args.sync_every) if str(args.sync_every).isdecimal() else args.sync_every
     return ScalingConfig.of(
         strategies=[s.strip() for s in args.strategies.split(",") if s.strip()],
         workers=_ints(args.workers, "--workers"), batch_sizes=_ints(args.batch_sizes, "--batch-sizes"),

@@ -157,10 +157,18 @@ def threading_is_main() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
+def new_parser(words, help_: str) -> argparse.ArgumentParser:
+    """The parser of command ``words`` before its module adds its flags."""
+    return argparse.ArgumentParser(prog="ddtrain " + " ".join(words), description=help_,
+                                   formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+
 def _run(module_name: str, words, help_: str, rest: list[str]) -> int:
+    from ddtrain.cli import quick_help
+    if words in quick_help.COMMANDS_WITH_SNAPSHOT and quick_help.wants_help(rest) and quick_help.print_help(words):
+        return 0   # the help page without importing torch (cli/quick_help.py)
     module = importlib.import_module(module_name)
-    parser = argparse.ArgumentParser(prog="ddtrain " + " ".join(words), description=help_,
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = new_parser(words, help_)
     module.add_arguments(parser)
     args = parser.parse_args(rest)
     args.argv = rest

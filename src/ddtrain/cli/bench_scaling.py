@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddtrain.bench.scaling import ScalingConfig, _ints, run_matrix
-from ddtrain.config import parse_kv
 
 
 def add_arguments(p) -> None:
@@ -36,8 +34,10 @@ def add_arguments(p) -> None:
     p.add_argument("--out", required=True, help="results folder (cells/, scaling.json, scaling.txt)")
 
 
-def config_from_args(args) -> ScalingConfig:
+def config_from_args(args):
     """The matrix's axes from their flags, every cell's shared settings as a TrainConfig (``ScalingConfig.of``)."""
+    from ddtrain.bench.scaling import ScalingConfig, _ints   # here: --help answers without torch
+    from ddtrain.config import parse_kv
     # isdecimal, not isdigit: '²'.isdigit() is True and int('²') was a traceback (issue 32)
     sync_every = int(args.sync_every) if str(args.sync_every).isdecimal() else args.sync_every
     return ScalingConfig.of(
@@ -54,4 +54,5 @@ def config_from_args(args) -> ScalingConfig:
 
 
 def main(args) -> int:
+    from ddtrain.bench.scaling import run_matrix
     return run_matrix(config_from_args(args), Path(args.out))

@@ -29,6 +29,9 @@ def add_arguments(p) -> None:
     p.add_argument("--monitor-every", type=float, default=0.5, metavar="SECONDS", help="seconds between samples")
     p.add_argument("--repeats", type=int, default=1,
                    help="run the matrix this often, interleaved (cell by cell), and report each cell's median run")
+    p.add_argument("--threads-per-worker", type=int, default=1,
+                   help="threads of every worker (OMP_NUM_THREADS) in every cell: the same at every worker count, so "
+                        "that a speed-up compares workers, not threads")
     p.add_argument("--cell-timeout", type=float, default=900.0, help="seconds one cell may take before it is stopped")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any rank waits on another")
     p.add_argument("--out", required=True, help="results folder (cells/, scaling.json, scaling.txt)")
@@ -45,7 +48,7 @@ def config_from_args(args):
         workers=_ints(args.workers, "--workers"), batch_sizes=_ints(args.batch_sizes, "--batch-sizes"),
         loader_workers=_ints(args.loader_workers, "--loader-workers"),
         amp=[a.strip() for a in args.amp.split(",") if a.strip()], trace=args.trace,
-        cell_timeout_s=args.cell_timeout, repeats=args.repeats,
+        cell_timeout_s=args.cell_timeout, repeats=args.repeats, threads_per_worker=args.threads_per_worker,
         model=args.model, model_args=parse_kv(args.model_arg, "--model-arg"), data=args.data,
         data_args=parse_kv(args.data_arg, "--data-arg"), channels_last=args.channels_last,
         steps=(args.steps if args.steps is not None else (0 if args.epochs else 30)), epochs=args.epochs,

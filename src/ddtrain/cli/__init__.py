@@ -166,7 +166,7 @@ def new_parser(words, help_: str) -> argparse.ArgumentParser:
 def _run(module_name: str, words, help_: str, rest: list[str]) -> int:
     from ddtrain.cli import quick_help
     if words in quick_help.COMMANDS_WITH_SNAPSHOT and quick_help.wants_help(rest) and quick_help.print_help(words):
-        return 0   # the help page without importing torch (cli/quick_help.py)
+        raise SystemExit(0)   # as argparse's --help does; the page came without importing torch (cli/quick_help.py)
     module = importlib.import_module(module_name)
     parser = new_parser(words, help_)
     module.add_arguments(parser)

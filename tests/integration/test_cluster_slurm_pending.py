@@ -77,5 +77,4 @@ def test_the_cpu_sbatch_examples_run_as_written(example, expect, tmp_path):
     assert result.returncode == 0, result.stderr[-2000:] + out[-3000:]
     assert expect in out, out[-3000:]
     if example.startswith("one_task"):   # under $OUT, not the repository's results/
-        records = list((tmp_path / "out").glob("slurm-*/run.json"))
-        assert len(records) == 1, out[-2000:]
+        assert (tmp_path / "out" / "run.json").is_file(), out[-2000:]

@@ -37,7 +37,7 @@ def wants_help(rest: list[str]) -> bool:
 
 def real_parser(words: tuple[str, ...]) -> argparse.ArgumentParser:
     """The command's parser as ``ddtrain.cli`` builds it (imports the command's module)."""
-    from ddtrain.cli import COMMANDS, new_parser
+    from ddtrain.cli.commands import COMMANDS, new_parser
     module_name, help_ = COMMANDS[words]
     parser = new_parser(words, help_)
     importlib.import_module(module_name).add_arguments(parser)
@@ -89,15 +89,15 @@ def rebuild(description: dict) -> argparse.ArgumentParser:
 
 
 def sources(words: tuple[str, ...]) -> list[str]:
-    """The files a command's help page is written from (paths under src/ddtrain): ``ddtrain.cli``, the command's
+    """The files a command's help page is written from (paths under src/ddtrain): ``ddtrain.cli.commands``, the command's
     module and the flag generator; for ``train`` the modules of ``TrainConfig`` and of each of its sections, whose
     fields' comments are the flags' help; the modules ``COMMANDS_WITH_SNAPSHOT`` names. The registries' names the
     help lists (models, strategies, data formats) are checked by the test."""
     import inspect
 
-    from ddtrain.cli import COMMANDS
+    from ddtrain.cli.commands import COMMANDS
     module = importlib.import_module(COMMANDS[words][0])
-    files = {Path(module.__file__), Path(__file__).with_name("__init__.py"), Path(__file__).with_name("args.py")}
+    files = {Path(module.__file__), Path(__file__).with_name("commands.py"), Path(__file__).with_name("args.py")}
     if words == ("train",):
         from ddtrain.config import TrainConfig
         files.update(Path(inspect.getsourcefile(type(c))) for c in [TrainConfig(), *_sections(TrainConfig())])

@@ -4,7 +4,8 @@ Runs unchanged as one process or under any launcher:
     python examples/minimal.py
     torchrun --nproc-per-node 2 examples/minimal.py
     srun -n 8 python examples/minimal.py          (SLURM)
-    mpirun -n 4 python examples/minimal.py        (Open MPI / MPICH, one host)
+    mpirun.openmpi -n 4 python examples/minimal.py   (Open MPI, one host)
+    mpiexec.mpich -n 4 python examples/minimal.py    (MPICH/Hydra, one host; name the launcher: unsuffixed, it may be either)
 """
 import argparse
 

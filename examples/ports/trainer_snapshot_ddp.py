@@ -34,6 +34,8 @@ class Trainer:
         snapshot = torch.load(snapshot_path)
         self.model.load_state_dict(snapshot["MODEL_STATE"])
         self.epochs_run = snapshot["EPOCHS_RUN"]
+        if self.global_rank == 0:
+            print(f"resuming from snapshot {snapshot_path} at epoch {self.epochs_run}")
 
     def _run_batch(self, source, targets):
         self.optimizer.zero_grad()
@@ -55,6 +57,9 @@ class Trainer:
         torch.save(snapshot, self.snapshot_path)
 
     def train(self, max_epochs):
+        if self.epochs_run >= max_epochs and self.global_rank == 0:   # was: nothing at all, exit 0 (issue 32)
+            print(f"snapshot {self.snapshot_path} already holds {self.epochs_run} epoch(s) of {max_epochs}: nothing "
+                  f"to train (give more --epochs to go on, or remove the snapshot to start again)")
         for epoch in range(self.epochs_run, max_epochs):
             self._run_epoch(epoch)
             if self.global_rank == 0 and epoch % self.save_every == 0:

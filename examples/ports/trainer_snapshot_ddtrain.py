@@ -1,7 +1,10 @@
 """pytorch/examples ``distributed/ddp-tutorial-series/multigpu_torchrun.py`` (a ``Trainer`` with snapshots), ported to ddtrain.
 
-    python examples/ports/trainer_snapshot_ddtrain.py --snapshot-path /tmp/snapshot.pt
-    torchrun --nproc-per-node 2 examples/ports/trainer_snapshot_ddtrain.py --snapshot-path /tmp/snapshot.pt
+    python examples/ports/trainer_snapshot_ddtrain.py --snapshot-path /tmp/snapshot.pt --epochs 3
+    torchrun --nproc-per-node 2 examples/ports/trainer_snapshot_ddtrain.py --snapshot-path /tmp/snapshot.pt --epochs 5
+
+The first trains epochs 0-2 (a snapshot after each); the second resumes from the snapshot at epoch 3,
+on 2 ranks. With no more epochs than the snapshot holds there is nothing to train, and it says so.
 """
 import os
 import sys
@@ -33,6 +36,8 @@ class Trainer:
         snapshot = torch.load(snapshot_path)
         self.model.load_state_dict(snapshot["MODEL_STATE"])
         self.epochs_run = snapshot["EPOCHS_RUN"]
+        if self.global_rank == 0:
+            print(f"resuming from snapshot {snapshot_path} at epoch {self.epochs_run}")
 
     def _run_batch(self, source, targets):
         self.optimizer.zero_grad()
@@ -54,6 +59,9 @@ class Trainer:
         torch.save(snapshot, self.snapshot_path)
 
     def train(self, max_epochs):
+        if self.epochs_run >= max_epochs and self.global_rank == 0:   # was: nothing at all, exit 0 (issue 32)
+            print(f"snapshot {self.snapshot_path} already holds {self.epochs_run} epoch(s) of {max_epochs}: nothing "
+                  f"to train (give more --epochs to go on, or remove the snapshot to start again)")
         for epoch in range(self.epochs_run, max_epochs):
             self._run_epoch(epoch)
             if self.global_rank == 0 and epoch % self.save_every == 0:

@@ -1,6 +1,7 @@
 """``ddtrain bench scaling``: the matrix, what each cell runs, the derived figures, and one real
 two-cell run through the command line (fresh launches, step split adding up, monitor data)."""
 import argparse
+import io
 import json
 import subprocess
 import sys
@@ -133,3 +134,25 @@ def test_a_real_cell_measures_and_splits_every_step(tmp_path):
     assert record["profile"]["ranks"][0]["timed_steps"] == 4
     assert len(record["monitor"]["ranks"]) == 2 and record["monitor"]["ranks"][0]["interfaces"]
     assert "samples/s" in (out / "scaling.txt").read_text()
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_every_cell_gets_the_same_threads_per_worker(tmp_path, monkeypatch, threads):
+    """Issue 32: each cell's run_local set OMP_NUM_THREADS = cores // ranks, so the 1-worker cell had twice the
+    threads of each worker of a 2-worker cell and speed-ups compared threads as much as workers. Every cell's
+    launcher now gets --threads-per-worker (1 by default), also after an earlier launch in this process set its own."""
+    from ddtrain.bench import cells
+    monkeypatch.setattr(cells, "RUNNER", "import os; print('threads', os.environ['OMP_NUM_THREADS'], "
+                                         "os.environ.get('DDTRAIN_SET_OMP_NUM_THREADS'))")
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("DDTRAIN_SET_OMP_NUM_THREADS", "1")   # what an earlier run_local in this process leaves
+    monkeypatch.delenv("DDTRAIN_KEEP_OMP", raising=False)
+    config = _config(threads_per_worker=threads)
+    for workers in (1, 2):
+        cell = Cell("ddp", workers, workers, 32, 0, "off")
+        run = cells.run_cell(config, cell, ["train"], tmp_path, cells.Progress(2, stream=io.StringIO()),
+                             workers, None)
+        assert run["exit_code"] == 0
+        assert (tmp_path / f"{cell.name}.log").read_text().split() == ["threads", str(threads), "None"]
+    with pytest.raises(DDTrainError, match="--threads-per-worker must be at least 1"):
+        _config(threads_per_worker=0)

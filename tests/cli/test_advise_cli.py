@@ -62,6 +62,15 @@ def test_calibration_file_and_params(tmp_path, capsys):
      "--procs-per-node"),
     (["--model", "mlp", "--workers", "4", "--step-time", "1", "--calibration", "/nonexistent.json"], "no such file"),
     (["--model", "mlp", "--data", "svhn", "--workers", "4", "--step-time", "1", "--link-rate", "1gbit"], "--data"),
+    # issue 32: --top -1 printed every row but the last; --top 0 meant all: at least 1 now, left out for all
+    (["--model", "mlp", "--workers", "4", "--step-time", "1", "--link-rate", "1gbit", "--top", "-1"], "--top must be"),
+    (["--model", "mlp", "--workers", "4", "--step-time", "1", "--link-rate", "1gbit", "--top", "0"], "--top must be"),
+    # issue 32: an absurd latency or calibration predicted inf (or 1e299 ms) and still named a first choice
+    (["--model", "mlp", "--workers", "4", "--step-time", "1", "--link-rate", "1gbit", "--latency", "1e300"],
+     "--latency: '1e300' is more than 60 s"),
+    (["--model", "mlp", "--workers", "4", "--step-time", "1e9", "--link-rate", "1gbit"], "--step-time"),
+    (["--params", "1e15", "--workers", "4", "--step-time", "1", "--link-rate", "1gbit"], "--params: must be at most"),
+    (["--params", "1.5", "--workers", "4", "--step-time", "1", "--link-rate", "1gbit"], "not a whole number"),
 ])
 def test_bad_input_is_one_clear_error(argv, phrase, capsys):
     assert cli.main(["advise", *argv]) == 2
@@ -103,3 +112,64 @@ def test_calibration_without_alpha_is_refused(tmp_path, capsys):
 def test_the_command_exits_with_one_line_in_a_process():
     assert_one_clear_error(ddtrain("advise", "--model", "mlp", "--workers", "4", "--step-time", "-1",
                                    "--link-rate", "1gbit", timeout=120), "--step-time")
+
+
+@pytest.mark.parametrize("beta, phrase", [(1e300, "below 1 kbit/s"), (0.5, "below 1 kbit/s")])
+def test_a_near_zero_bandwidth_calibration_is_refused(tmp_path, capsys, beta, phrase):
+    # issue 32: beta 1e300 s/B predicted `inf` ms per step for every method and still named a first choice
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"alpha_s": 1e-4, "beta_s_per_byte": beta}))
+    assert cli.main(["advise", "--params", "1000000", "--workers", "4", "--step-time", "0.4",
+                     "--calibration", str(cal)]) == 2
+    err = capsys.readouterr().err
+    assert phrase in err and "first choice" not in err
+
+
+def test_a_trillion_parameters_are_predicted_without_allocating_them(capsys):
+    # issue 32: `advise --params 1e12` timed the codecs on a 4 TB buffer (RuntimeError: can't allocate memory);
+    # the codecs are timed on a 16 M-element sample and scaled, and 1e12 reads as the whole number it is
+    assert cli.main(["advise", "--params", "1e12", "--workers", "4", "--step-time", "0.4", "--link-rate", "1gbit",
+                     "--compressions", "none,fp16", "--sync-every", "4", "--json", "-"]) == 0
+    advice = json.loads(capsys.readouterr().out)
+    assert advice["workload"]["params"] == 10 ** 12
+    assert "on a sample of" in advice["inputs"]["codec_s_source"]
+    assert advice["network"]["codec_s"]["fp16"] > 0
+
+
+def test_sample_shapes_keep_the_mix_and_scale_back():
+    from ddtrain.bench.measure import sample_shapes
+    shapes = ((1_000_000, 1_000_000), (10,))
+    sample, factor = sample_shapes(shapes, most=1000)
+    total = sum(a * (b if len(s) > 1 else 1) for s in sample for a, b in [(s[0], s[-1])])
+    assert total <= 1000 and factor * total == pytest.approx(10 ** 12 + 10)
+    assert sample_shapes(((3, 4),), most=1000) == (((3, 4),), 1.0)
+
+
+def _existing_file(folder):
+    (folder / "advice.json").write_text("mine\n")
+    return folder / "advice.json"
+
+
+def _under_a_file(folder):
+    (folder / "f").write_text("x")
+    return folder / "f" / "advice.json"
+
+
+@pytest.mark.parametrize("make, phrase", [
+    (_existing_file, "the file exists; give --force"),
+    (lambda folder: folder, "is a directory"),
+    (_under_a_file, "is not a directory"),
+])
+def test_the_json_output_is_checked_before_anything_runs(tmp_path, capsys, make, phrase):
+    # issue 32: an existing file where advise writes was a traceback (a directory, a parent that is a file) or
+    # silently replaced (a file)
+    target = make(tmp_path)
+    before = target.read_text() if target.is_file() else None
+    assert cli.main([*BASE, "--json", str(target)]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and phrase in errors[0] and "Traceback" not in err, err
+    if before is not None:
+        assert target.read_text() == before
+        assert cli.main([*BASE, "--json", str(target), "--force"]) == 0
+        assert json.loads(target.read_text())["first_choice"]

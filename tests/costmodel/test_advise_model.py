@@ -168,3 +168,19 @@ def test_risks():
 def test_diloco_runs_with_its_flags():
     m = Method(strategy="local-sgd", algorithm="ring", kind="average", sync_every=20, outer="nesterov")
     assert m.train_args() == ["--strategy", "local-sgd", "--sync-every", "20", "--outer-optimizer", "nesterov"]
+
+
+def test_an_infinite_prediction_is_never_ranked_nor_chosen():
+    # issue 32: a near-zero bandwidth predicted `inf` ms per step and the adviser still named a first choice
+    methods = [gradient("none"), gradient("fp16"), Method(strategy="local-sgd", algorithm="ring", kind="average",
+                                                          sync_every=4)]
+    dead = Network(alpha_s=1e-3, bucket=TokenBucket(burst_bytes=0, beta_s_per_byte=1e307), codec_s={"fp16": 1e-3})
+    with pytest.raises(DDTrainError, match="no method is predictable on this link"):
+        advise.advise(workload(), dead, methods)
+    # one method overflows (infinite α for its algorithm), the others rank: it is listed apart, never chosen
+    partly = Network(alpha_s=1e-3, bucket=TokenBucket(burst_bytes=0, beta_s_per_byte=1e-9), codec_s={"fp16": 1e-3},
+                     alpha_by_algorithm={"tree": math.inf})
+    advice = advise.advise(workload(), partly, [*methods, gradient("none", algorithm="tree")])
+    assert advice["not_predictable"] == ["tree none"]
+    assert all(math.isfinite(r["step_s"]) for r in advice["ranked"]) and len(advice["ranked"]) == 3
+    assert advice["first_choice"]["label"] != "tree none"

@@ -42,7 +42,7 @@ def test_without_matplotlib_the_report_has_its_tables_and_says_how_to_get_the_pl
         "time_us": 50.0, "busbw_GBps": 0.02}]}))
     result = report(folder, block_matplotlib=True)
     assert result.returncode == 0, result.stderr
-    assert "# 1 plot(s) not drawn: matplotlib is not installed (pip install 'ddtrain[report]', then run ddtrain " \
+    assert "# 2 plot(s) not drawn: matplotlib is not installed (pip install 'ddtrain[report]', then run ddtrain " \
            "report again); the tables are complete" in result.stdout
     assert "--plot" not in result.stdout + result.stderr and "Traceback" not in result.stderr
     text = (folder / "report.md").read_text()
@@ -83,3 +83,25 @@ def test_a_file_that_is_not_json_at_all(tmp_path):
     result = report(tmp_path)
     assert result.returncode == 2
     assert f"{tmp_path / 'x.json'} is damaged: not valid JSON (Expecting value at line 1, column 1)" in result.stderr
+
+
+def test_the_demos_folder_gets_the_figures_its_records_allow_and_is_told_which_not(record_folder, tmp_path):
+    """Issue 32: `ddtrain report` on the demo's output drew 0 figures and said nothing about why (matplotlib
+    installed). Its records (1 and 2 workers, epochs, no profile, no system samples) give training curves,
+    throughput and speed-up against workers; the timelines and the bus-bandwidth plot are named as not drawn."""
+    pytest.importorskip("matplotlib")
+    folder = shutil.copytree(record_folder, tmp_path / "demo")
+    record = json.loads((folder / "workers1.json").read_text())
+    record.update(workers=2, world_size=2, epochs=[{**e, "samples_per_s": 1.8 * e["samples_per_s"]}
+                                                   for e in record["epochs"]])
+    (folder / "workers2.json").write_text(json.dumps(record))
+    result = report(folder)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "# ddtrain report: 3 figures" in out, out
+    for title in ("Training curves per run", "Throughput against workers", "Speed-up against workers"):
+        assert f"#   {title}" in out, out
+    assert "# not drawn: CPU and network timelines: no record holds system samples (train with `--monitor-system`" \
+           in out, out
+    assert "# not drawn: the bus-bandwidth plot: no `bench collectives` output here" in out, out
+    assert len(list((folder / "report_files").glob("*.png"))) == 3

@@ -99,3 +99,21 @@ def test_the_ports_run_as_one_process_and_under_torchrun(tmp_path):
                   str(PORTS / "mnist_steplr_ddtrain.py"), *SLICE, "--epochs", "1", "--strategy", "ring"])
     assert multi.returncode == 0, multi.stderr
     assert len([line for line in multi.stdout.splitlines() if line.startswith("epoch")]) == 1   # rank 0 speaks
+
+
+@pytest.mark.slow
+def test_the_trainer_snapshot_commands_as_written_resume_and_say_so(tmp_path):
+    """Issue 32: the docstring's second command (torchrun on the same --snapshot-path) found a snapshot holding
+    every epoch and silently did nothing. It now asks for more epochs and resumes, saying where; a run with
+    nothing left to train says so."""
+    snapshot = str(tmp_path / "snapshot.pt")
+    script = str(PORTS / "trainer_snapshot_ddtrain.py")
+    first = _run([sys.executable, script, "--snapshot-path", snapshot, "--epochs", "3"])
+    assert first.returncode == 0 and "epoch 2:" in first.stdout, first.stderr[-2000:]
+    port = str(29500 + os.getpid() % 1000)
+    second = _run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", port,
+                   script, "--snapshot-path", snapshot, "--epochs", "5"])
+    assert second.returncode == 0, second.stderr[-2000:]
+    assert f"resuming from snapshot {snapshot} at epoch 3" in second.stdout and "epoch 4:" in second.stdout
+    again = _run([sys.executable, script, "--snapshot-path", snapshot, "--epochs", "5"])
+    assert again.returncode == 0 and "already holds 5 epoch(s) of 5: nothing to train" in again.stdout, again.stdout

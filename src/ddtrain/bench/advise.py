@@ -16,12 +16,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import re
 import typing
-from dataclasses import dataclass
 from pathlib import Path
 
-from ddtrain.bench.measure import measure_codecs, measure_step, zoo_model
+from ddtrain.bench.advice_request import (MAX_BETA_S_PER_BYTE, MAX_LATENCY_S, MAX_PARAMS, MAX_STEP_S, AdviceRequest,
+                                          parse_count, parse_seconds)
+from ddtrain.bench.measure import CODEC_SAMPLE_ELEMENTS, measure_codecs, measure_step, zoo_model
 from ddtrain.cluster.netns import parse_rate
 from ddtrain.costmodel import advise
 from ddtrain.costmodel.burst import TokenBucket, emulated_burst_bytes, link_beta
@@ -30,59 +30,8 @@ from ddtrain.errors import DDTrainError
 from ddtrain.sync import STRATEGIES
 from ddtrain.sync.base import SyncOptions
 
-DEFAULT_COMPRESSIONS = "none,fp16,bf16,powersgd:4,topk:0.1"   # topk:0.1 is the fraction our runs measured
-DEFAULT_INTERVALS = "4,20"
-_TIME_UNITS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "µs": 1e-6}
 # the outer steps an averaging strategy that reads --outer-optimizer offers (SyncOptions.outer_optimizer's choices)
 OUTER_STEPS = typing.get_args(typing.get_type_hints(SyncOptions)["outer_optimizer"])
-
-
-@dataclass(kw_only=True)
-class AdviceRequest:
-    """What ``ddtrain advise`` is asked: each field is the flag of the same name (``ddtrain advise --help``)."""
-
-    model: str | None = None              # a model of the zoo (its parameter shapes), or ...
-    params: str | int | None = None       # ... a parameter count (one square matrix assumed for PowerSGD)
-    data: str = "cifar10"                 # input shape and classes of the model (ddtrain.data.synthetic.SHAPES)
-    workers: int | None = None            # training ranks
-    batch_size: int = 32                  # samples per step on each worker
-    procs_per_node: int = 1               # ranks sharing one node (its link)
-    step_time: str | float | None = None  # the measured compute step, e.g. 0.4 or "400ms"; or ...
-    measure: bool = False                 # ... time a few steps of the model here (one thread)
-    backward_share: float | None = None   # the part of the compute step that is the backward pass (default 2/3)
-    host_cores: int | None = None         # cores the ranks of one host share (with ranks_per_host)
-    ranks_per_host: int | None = None
-    cpu_factor: float | None = None       # how much slower work timed here runs in the job (overrides the two above)
-    link_rate: str | None = None          # each node's link rate in tc's bit units, or ...
-    latency: str = "0.2ms"                # (α per collective step, with link_rate)
-    burst: str = "0"                      # token-bucket burst in bytes, or "emulated"
-    codec_times: str | None = None        # JSON file of the compressors' work measured where the job runs
-    calibration: str | None = None        # ... a JSON file with alpha_s and beta_s_per_byte instead of link_rate
-    strategies: str | None = None         # comma-separated; default: every one the model predicts
-    compressions: str = DEFAULT_COMPRESSIONS
-    sync_every: str = DEFAULT_INTERVALS   # intervals to compare for averaging strategies
-    risk_bound: float = 1.0               # accuracy points the first choice may cost
-
-
-def parse_seconds(text: str, flag: str) -> float:
-    """``"2ms"`` -> 0.002, ``"0.4"`` -> 0.4; a clear error otherwise."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:e-?[0-9]+)?)\s*(s|ms|us|µs)?\s*", str(text))
-    if not match:
-        raise DDTrainError(f"{flag}: cannot read {text!r} as a time; write e.g. 0.4, 400ms or 200us")
-    value = float(match.group(1)) * _TIME_UNITS[match.group(2) or "s"]
-    if not math.isfinite(value):
-        raise DDTrainError(f"{flag}: {text!r} is not a finite time")
-    return value
-
-
-def parse_count(text: str, flag: str) -> int:
-    try:
-        value = int(str(text).replace("_", ""))
-    except ValueError:
-        raise DDTrainError(f"{flag}: {text!r} is not a whole number") from None
-    if value < 1:
-        raise DDTrainError(f"{flag}: must be >= 1, got {value}")
-    return value
 
 
 def model_shapes(model: str | None = None, params: str | int | None = None,
@@ -92,7 +41,7 @@ def model_shapes(model: str | None = None, params: str | int | None = None,
     if (model is None) == (params is None):
         raise DDTrainError("give exactly one of --model NAME or --params N")
     if params is not None:
-        n = parse_count(params, "--params")
+        n = parse_count(params, "--params", most=MAX_PARAMS)
         side = math.isqrt(n)
         return ((side, side), (n - side * side,)) if n > side * side else ((side, side),)
     return tuple(tuple(p.shape) for p in zoo_model(model, data).parameters() if p.requires_grad)
@@ -137,6 +86,13 @@ def read_calibration(path: str) -> dict:
             for k, v in [*values.items(), *((f"alpha_by_algorithm.{a}", x) for a, x in by_algorithm.items())]:
                 if not (isinstance(v, (int, float)) and v >= 0 and math.isfinite(v)):
                     raise DDTrainError(f"--calibration {path}: {k} must be a number >= 0, got {v!r}")
+                if k.startswith("alpha") and v > MAX_LATENCY_S:
+                    raise DDTrainError(f"--calibration {path}: {k} {v:g} s is more than {MAX_LATENCY_S:g} s per "
+                                       f"collective step; not a link the adviser predicts")
+            if values["beta_s_per_byte"] > MAX_BETA_S_PER_BYTE:
+                raise DDTrainError(f"--calibration {path}: beta_s_per_byte {values['beta_s_per_byte']:g} is a link "
+                                   f"of {8 / values['beta_s_per_byte']:.3g} bit/s, below 1 kbit/s; not a link the "
+                                   f"adviser predicts")
             return {**values, "alpha_by_algorithm": by_algorithm}
     raise DDTrainError(f"--calibration {path}: no alpha_s and beta_s_per_byte in it (at the top, or under "
                        f"'loaded', 'params' or 'calibration.params')")
@@ -201,7 +157,8 @@ def build_advice(request: AdviceRequest) -> dict:
     intervals = [parse_count(k, "--sync-every") for k in r.sync_every.split(",") if k.strip()]
     methods = advise.candidates(strategies, specs, intervals)
     shapes = model_shapes(r.model, r.params, r.data)
-    compute_s = measure_step(r.model, r.data, r.batch_size) if r.measure else parse_seconds(r.step_time, "--step-time")
+    compute_s = (measure_step(r.model, r.data, r.batch_size) if r.measure
+                 else parse_seconds(r.step_time, "--step-time", most=MAX_STEP_S))
     share = r.backward_share
     if share is not None and not 0 <= share <= 1:
         raise DDTrainError(f"--backward-share must be a number in [0, 1], got {share}")
@@ -216,7 +173,7 @@ def build_advice(request: AdviceRequest) -> dict:
         source = f"--calibration {r.calibration}"
     else:
         rate = parse_rate(r.link_rate)
-        alpha, beta, gamma = parse_seconds(r.latency, "--latency"), link_beta(rate), 0.0
+        alpha, beta, gamma = parse_seconds(r.latency, "--latency", most=MAX_LATENCY_S), link_beta(rate), 0.0
         source = f"--link-rate {r.link_rate} --latency {r.latency}"
         burst, alpha_by_algorithm = None, {}
     if r.burst == "emulated":
@@ -249,13 +206,18 @@ def build_advice(request: AdviceRequest) -> dict:
                         "compute_s_source": ("measured here (--measure), times the cpu factor" if r.measure
                                              else "--step-time"),
                         "codec_s_source": (f"--codec-times {r.codec_times}" if r.codec_times
-                                           else "timed here on one thread, times the cpu factor"),
+                                           else "timed here on one thread, times the cpu factor"
+                                           + ("" if workload.params <= CODEC_SAMPLE_ELEMENTS else
+                                              f" (on a sample of {CODEC_SAMPLE_ELEMENTS:,} elements, scaled by "
+                                              f"the gradient's)")),
                         "not_predicted": skipped}
     return advice
 
 
-def render(advice: dict, top: int = 0) -> str:
-    """Fixed-width table, units in the header, '#' before every non-data line."""
+def render(advice: dict, top: int | None = None) -> str:
+    """Fixed-width table, units in the header, '#' before every non-data line; the ``top`` first rows (None: all)."""
+    if top is not None and top < 1:   # [:-1] dropped the last row without a word (issue 32)
+        raise DDTrainError(f"--top must be at least 1 (leave it out for every row), got {top}")
     w, n = advice["workload"], advice["network"]
     rows = advice["ranked"][:top] if top else advice["ranked"]
     first = advice["first_choice"]
@@ -294,6 +256,8 @@ def render(advice: dict, top: int = 0) -> str:
         out.append(f"#   its risk: {first['risk']['source']}")
     else:
         out.append(f"# no method is known to stay within {advice['risk_bound_points']:g} accuracy point(s)")
+    for label in advice.get("not_predictable", []):
+        out.append(f"# not predictable: {label} (its predicted step time is infinite on this link)")
     for name, why in advice["inputs"]["not_predicted"].items():
         out.append(f"# not predicted: {name} ({why})")
     return "\n".join(out)

@@ -47,8 +47,10 @@ def run_cell(config, cell, argv: list[str], out: Path, progress: Progress, index
     """Launch one cell, follow its output, enforce its deadline; returns {exit_code, wall_s, log}."""
     log_path = out / f"{cell.name}.log"
     env = dict(os.environ, DDTRAIN_TIMEOUT_S=str(config.train.dist.timeout), PYTHONUNBUFFERED="1")
-    if "OMP_NUM_THREADS" in env and not os.environ.get("DDTRAIN_KEEP_OMP"):
-        env.pop("OMP_NUM_THREADS")  # run_local sets cores // ranks per cell; an inherited value would win
+    if not (os.environ.get("DDTRAIN_KEEP_OMP") and "OMP_NUM_THREADS" in env):
+        # the same threads per worker in every cell (run_local keeps a value it did not set itself)
+        env["OMP_NUM_THREADS"] = str(config.threads_per_worker)
+        env.pop("DDTRAIN_SET_OMP_NUM_THREADS", None)
     progress.cell(index, cell, "starting")
     start = time.perf_counter()
     with open(log_path, "w") as log:

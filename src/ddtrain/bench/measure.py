@@ -73,14 +73,35 @@ def measure_step(model: str, data: str, batch_size: int, steps: int = 5) -> floa
         return step_seconds(built, x, lambda out: loss_fn(out, torch.zeros_like(out)), steps)
 
 
+# the most gradient elements the codecs are timed on (64 MB of float32): a larger model's codec time is this
+# sample's, scaled by its elements (issue 32: `advise --params 1e12` tried to allocate a 4 TB buffer)
+CODEC_SAMPLE_ELEMENTS = 16 << 20
+
+
+def sample_shapes(shapes, most: int = CODEC_SAMPLE_ELEMENTS) -> tuple[tuple[tuple[int, ...], ...], float]:
+    """(``shapes`` cut down to at most ``most`` elements, the factor back to the whole): each shape's first
+    dimension shrunk by the same ratio, so that the sample keeps the model's mix of matrix sizes."""
+    total = sum(math.prod(s) for s in shapes)
+    if total <= most:
+        return tuple(tuple(s) for s in shapes), 1.0
+    ratio = most / total
+    cut = tuple((max(1, int(s[0] * ratio)), *s[1:]) if s else () for s in shapes)
+    while sum(math.prod(s) for s in cut) > most:   # a shape too wide to shrink by its first dimension alone
+        widest = max(range(len(cut)), key=lambda i: math.prod(cut[i]))
+        cut = tuple((*s[:-1], max(1, s[-1] // 2)) if i == widest else s for i, s in enumerate(cut))
+    return cut, total / sum(math.prod(s) for s in cut)
+
+
 def measure_codecs(specs, shapes, calls: int = 3) -> dict[str, float]:
     """Median seconds of each compressor's own work on a gradient of ``shapes``, here, alone, one thread (no messages).
 
     The compressor is the one training uses (``ddtrain.comm.compression.build``), past its warm-up,
-    on a random buffer: what it adds to a step besides its collectives.
+    on a random buffer: what it adds to a step besides its collectives. A gradient of more than
+    ``CODEC_SAMPLE_ELEMENTS`` is timed on a sample of its shapes and scaled by its elements.
     """
+    sample, factor = sample_shapes(shapes)
     with one_thread():
-        return time_codecs(specs, shapes, calls)
+        return {spec: seconds * factor for spec, seconds in time_codecs(specs, sample, calls).items()}
 
 
 def time_codecs(specs, shapes, calls: int = 3, group=None) -> dict[str, float]:

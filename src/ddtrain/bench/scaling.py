@@ -48,6 +48,9 @@ class ScalingConfig:
     trace: bool = False             # also a Chrome trace per cell (cells/<cell>.trace.json)
     cell_timeout_s: float = 900.0   # seconds one cell may take before it is stopped
     repeats: int = 1                # run the whole matrix this often, interleaved; report each cell's median
+    # threads of every worker in every cell (OMP_NUM_THREADS), the same at every worker count so that a speed-up
+    # compares workers, not threads (issue 32: cores // ranks gave 1 worker 2 threads and each of several 1)
+    threads_per_worker: int = 1
 
     def __post_init__(self):
         if not self.strategies:
@@ -64,6 +67,8 @@ class ScalingConfig:
             raise DDTrainError("give exactly one of --steps S (timed steps per cell) or --epochs E")
         if self.repeats < 1:
             raise DDTrainError(f"--repeats must be at least 1, got {self.repeats}")
+        if self.threads_per_worker < 1:
+            raise DDTrainError(f"--threads-per-worker must be at least 1, got {self.threads_per_worker}")
         if not self.cell_timeout_s > 0:
             raise DDTrainError("--cell-timeout must be positive")
 
@@ -340,6 +345,8 @@ def render(result: dict) -> str:
              "# step: mean wall time of a timed step (slowest worker); samples/s = workers x batch / step;",
              "# epoch: x = extrapolated (step x steps per epoch), m = measured; speed-up: samples/s over the",
              "# smallest-worker cell of the same strategy/batch/loader/amp; efficiency = speed-up / worker ratio;",
+             f"# every worker runs {c.get('threads_per_worker') or '(cores // ranks)'} thread(s) (OMP_NUM_THREADS) "
+             "in every cell;",
              "# data/compute/comm/optim/other: mean over workers of the step split (other: in-loop checks after an",
              "# epoch's last step); sum: (data + compute + comm + optim) / step, the worst worker", "#"]
     body = []

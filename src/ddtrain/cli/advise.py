@@ -16,7 +16,9 @@ import dataclasses
 import json
 from pathlib import Path
 
-from ddtrain.bench.advise import DEFAULT_COMPRESSIONS, DEFAULT_INTERVALS, AdviceRequest, build_advice, render
+# the request alone (no torch): --help answers at once; the prediction is imported by main
+from ddtrain.bench.advice_request import DEFAULT_COMPRESSIONS, DEFAULT_INTERVALS, AdviceRequest
+from ddtrain.errors import DDTrainError
 
 
 def add_arguments(parser) -> None:
@@ -58,8 +60,10 @@ def add_arguments(parser) -> None:
     choice.add_argument("--compressions", default=DEFAULT_COMPRESSIONS, help="gradient compressions to compare")
     choice.add_argument("--sync-every", default=DEFAULT_INTERVALS, help="intervals to compare for averaging strategies")
     choice.add_argument("--risk-bound", type=float, default=1.0, help="accuracy points the first choice may cost")
-    choice.add_argument("--top", type=int, default=0, help="rows to print (0: all)")
-    parser.add_argument("--json", metavar="FILE", help="also write the advice as JSON to FILE ('-': stdout only)")
+    choice.add_argument("--top", type=int, default=None, help="rows to print, at least 1 (default: all)")
+    parser.add_argument("--json", metavar="FILE", help="also write the advice as JSON to FILE ('-': stdout only); "
+                                                       "an existing FILE is kept unless --force")
+    parser.add_argument("--force", action="store_true", help="with --json FILE: replace FILE if it exists")
 
 
 def request_of(args):
@@ -67,7 +71,28 @@ def request_of(args):
     return AdviceRequest(**{f.name: getattr(args, f.name) for f in dataclasses.fields(AdviceRequest)})
 
 
+def check_output(path: str | None, force: bool) -> None:
+    """--json FILE checked before anything is measured: a folder, a parent that is a file, or an existing FILE
+    without --force is one line (issue 32: a traceback, or the file silently replaced)."""
+    if not path or path == "-":
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise DDTrainError(f"--json {path}: is a directory; give a file name")
+    parent = target.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise DDTrainError(f"--json {path}: {parent} is not a directory")
+    if target.exists() and not force:
+        raise DDTrainError(f"--json {path}: the file exists; give --force to replace it, or another name")
+
+
 def main(args) -> int:
+    if args.top is not None and args.top < 1:   # --top -1 dropped the last row without a word (issue 32)
+        raise DDTrainError(f"--top must be at least 1 (leave it out for every row), got {args.top}")
+    check_output(args.json, args.force)
+    from ddtrain.bench.advise import build_advice, render
     advice = build_advice(request_of(args))
     advice.pop("predictions")
     if args.json == "-":
@@ -75,6 +100,6 @@ def main(args) -> int:
         return 0
     print(render(advice, args.top))
     if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(advice, indent=2) + "\n")
+        from ddtrain.observe.files import write_json
+        write_json(args.json, advice, what="the advice")
     return 0

@@ -70,6 +70,22 @@ def _int_or_word(text: str):
         return text
 
 
+# flags whose values are a registry's names: their --help lists them (issue 32: train --help named no model nor
+# strategy); (module, registry, how the list is introduced)
+REGISTRY_FLAGS = {"model": ("ddtrain.models", "MODELS", "one of"),
+                  "strategy": ("ddtrain.sync", "STRATEGIES", "one of"),
+                  "data": ("ddtrain.data", "DATASETS", "formats")}
+
+
+def registry_help(name: str) -> str:
+    """``"; one of: mlp, simple-cnn, ..."`` for a flag of ``REGISTRY_FLAGS`` ("" for any other)."""
+    if name not in REGISTRY_FLAGS:
+        return ""
+    module, registry, lead = REGISTRY_FLAGS[name]
+    import importlib
+    return f"; {lead}: {', '.join(getattr(importlib.import_module(module), registry))}"
+
+
 def add_dataclass_arguments(parser, cls=TrainConfig, *, skip=()) -> None:
     """One flag per field of ``cls`` (sections as argument groups), defaults from the dataclass."""
     hints = typing.get_type_hints(cls)
@@ -84,7 +100,7 @@ def add_dataclass_arguments(parser, cls=TrainConfig, *, skip=()) -> None:
             continue
         default = f.default if f.default is not dataclasses.MISSING else None
         bare, kind = field_kind(tp)
-        kwargs = {"help": helps.get(f.name, ""), "dest": f.name}
+        kwargs = {"help": helps.get(f.name, "") + registry_help(f.name), "dest": f.name}
         if kind == "switch":
             parser.add_argument(flag_name(f.name), action="store_true", **kwargs)
         elif kind == "pairs":

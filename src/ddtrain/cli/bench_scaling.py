@@ -3,8 +3,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ddtrain.bench.scaling import ScalingConfig, _ints, run_matrix
-from ddtrain.config import parse_kv
 
 
 def add_arguments(p) -> None:
@@ -31,20 +29,26 @@ def add_arguments(p) -> None:
     p.add_argument("--monitor-every", type=float, default=0.5, metavar="SECONDS", help="seconds between samples")
     p.add_argument("--repeats", type=int, default=1,
                    help="run the matrix this often, interleaved (cell by cell), and report each cell's median run")
+    p.add_argument("--threads-per-worker", type=int, default=1,
+                   help="threads of every worker (OMP_NUM_THREADS) in every cell: the same at every worker count, so "
+                        "that a speed-up compares workers, not threads")
     p.add_argument("--cell-timeout", type=float, default=900.0, help="seconds one cell may take before it is stopped")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds any rank waits on another")
     p.add_argument("--out", required=True, help="results folder (cells/, scaling.json, scaling.txt)")
 
 
-def config_from_args(args) -> ScalingConfig:
+def config_from_args(args):
     """The matrix's axes from their flags, every cell's shared settings as a TrainConfig (``ScalingConfig.of``)."""
-    sync_every = int(args.sync_every) if str(args.sync_every).isdigit() else args.sync_every
+    from ddtrain.bench.scaling import ScalingConfig, _ints   # here: --help answers without torch
+    from ddtrain.config import parse_kv
+    # isdecimal, not isdigit: '²'.isdigit() is True and int('²') was a traceback (issue 32)
+    sync_every = int(args.sync_every) if str(args.sync_every).isdecimal() else args.sync_every
     return ScalingConfig.of(
         strategies=[s.strip() for s in args.strategies.split(",") if s.strip()],
         workers=_ints(args.workers, "--workers"), batch_sizes=_ints(args.batch_sizes, "--batch-sizes"),
         loader_workers=_ints(args.loader_workers, "--loader-workers"),
         amp=[a.strip() for a in args.amp.split(",") if a.strip()], trace=args.trace,
-        cell_timeout_s=args.cell_timeout, repeats=args.repeats,
+        cell_timeout_s=args.cell_timeout, repeats=args.repeats, threads_per_worker=args.threads_per_worker,
         model=args.model, model_args=parse_kv(args.model_arg, "--model-arg"), data=args.data,
         data_args=parse_kv(args.data_arg, "--data-arg"), channels_last=args.channels_last,
         steps=(args.steps if args.steps is not None else (0 if args.epochs else 30)), epochs=args.epochs,
@@ -53,4 +57,5 @@ def config_from_args(args) -> ScalingConfig:
 
 
 def main(args) -> int:
+    from ddtrain.bench.scaling import run_matrix
     return run_matrix(config_from_args(args), Path(args.out))

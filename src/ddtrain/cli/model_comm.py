@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 
-from ddtrain.costmodel.counts import METHODS, count_table, format_count
 from ddtrain.errors import DDTrainError
 
 DOCUMENT_PARAMS = "1,4,8,50,100,500,1000"    # N of Table 5.1
@@ -55,6 +54,7 @@ def parse_int_list(text: str, flag: str, minimum: int) -> list[int]:
 
 def render_table(rows, steps_per_epoch: int, broadcasts_per_epoch: int) -> str:
     """Fixed-width table, '#' before every line that is not data (like nccl-tests)."""
+    from ddtrain.costmodel.counts import METHODS, format_count   # here: the costmodel package imports torch
     header = ("N", "R", *METHODS)
     units = ("(elements)", "(workers)", *["(values sent)"] * len(METHODS))
     cells = [(str(r.params), str(r.workers), *(format_count(getattr(r, m)) for m in METHODS)) for r in rows]
@@ -78,6 +78,7 @@ def main(args) -> int:
         raise DDTrainError(f"--steps-per-epoch must be >= 0, got {args.steps_per_epoch}")
     if args.broadcasts_per_epoch < 0:
         raise DDTrainError(f"--broadcasts-per-epoch must be >= 0, got {args.broadcasts_per_epoch}")
+    from ddtrain.costmodel.counts import count_table   # here, not at the top: --help answers without torch
     rows = count_table(params, workers, args.steps_per_epoch, args.broadcasts_per_epoch)
     if args.json:
         print(json.dumps({"steps_per_epoch": args.steps_per_epoch,

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 from ddtrain.errors import DDTrainError
-from ddtrain.models.flops import format_table, reference_table
 
 
 def add_arguments(parser) -> None:
@@ -21,5 +20,6 @@ def main(args) -> int:
             assert len(shape) == 3 and min(shape) > 0
         except (ValueError, AssertionError):
             raise DDTrainError(f"--input must look like 3x128x128, got {args.input!r}") from None
+    from ddtrain.models.flops import format_table, reference_table   # here: --help answers without torch
     print(format_table(reference_table(args.models, shape, args.classes)))
     return 0

@@ -4,8 +4,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ddtrain.report.build import build
-from ddtrain.report.plots import INSTALL
 
 
 def add_arguments(p) -> None:
@@ -17,6 +15,8 @@ def add_arguments(p) -> None:
 
 
 def main(args) -> int:
+    from ddtrain.report.build import build   # here: --help answers without torch
+    from ddtrain.report.plots import INSTALL
     root = Path(args.dir)
     out = Path(args.out) if args.out else root
     result = build(root, out, title=args.title, all_timelines=args.all_timelines)
@@ -25,6 +25,8 @@ def main(args) -> int:
     print(f"# ddtrain report: {len(result['figures'])} figures")
     for title in result["figures"]:
         print(f"#   {title}")
+    for why in result["not_drawn"]:
+        print(f"# not drawn: {why}")
     if result["plots_missing"]:
         print(f"# {result['plots_missing']} plot(s) not drawn: matplotlib is not installed ({INSTALL}, then run "
               "ddtrain report again); the tables are complete")

@@ -29,6 +29,14 @@ DAEMONS = {"munged": "munge", "slurmctld": "slurmctld (slurm-wlm)", "slurmd": "s
            "unshare": "util-linux"}
 CPUS_PER_NODE = 4          # what slurm.conf promises each node (config_overrides: the 2-core host is not asked)
 READY_TIMEOUT_S = 60.0
+# squeue's reasons of a pending job that waiting does not resolve in the emulated cluster (no other user, no
+# node coming back): the job is cancelled, its reason said, within seconds (issue 32: an sbatch asking 8 CPUs per
+# task of 4-CPU nodes waited silently for the hour of --timeout-s). "Resources" is one too when the request is
+# larger than a node or than the cluster, or when no running job will free what it waits for.
+NEVER_RESOLVES = ("PartitionConfig", "PartitionNodeLimit", "PartitionTimeLimit", "BadConstraints", "ReqNodeNotAvail",
+                  "NodeDown", "InvalidQOS", "InvalidAccount")
+PENDING_GRACE_S = 5.0      # a reason must hold this long (the scheduler's first pass may not have run)
+POLL_S = 1.0
 
 
 def missing_requirements() -> list[str]:
@@ -174,6 +182,79 @@ def _log_tail(folder: str) -> str:
     return "; ".join(lines) or f"no error in the logs under {folder}"
 
 
+def squeue(cluster: netns.Cluster, slurm: Slurm) -> list[dict]:
+    """Every job SLURM holds: id, name, state, reason, CPUs and nodes asked for."""
+    done = subprocess.run(in_node(cluster.nodes[0], ["squeue", "-h", "-o", "%i|%j|%T|%r|%C|%D"], slurm.hosts),
+                          capture_output=True, text=True, env={**os.environ, **slurm.env()}, timeout=30)
+    jobs = []
+    for line in done.stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 6:
+            job, name, state, reason, cpus, nodes = parts
+            jobs.append({"id": job, "name": name, "state": state, "reason": reason,
+                         "cpus": int(cpus) if cpus.isdecimal() else 0, "nodes": int(nodes) if nodes.isdecimal() else 1})
+    return jobs
+
+
+def never_starts(jobs: list[dict], nodes: int, cpus_per_node: int = CPUS_PER_NODE) -> str | None:
+    """Why a pending job of ``jobs`` cannot start in a cluster of ``nodes`` nodes of ``cpus_per_node`` CPUs (None:
+    every pending job may still start)."""
+    running = any(j["state"] in ("RUNNING", "COMPLETING") for j in jobs)
+    for j in jobs:
+        if j["state"] != "PENDING":
+            continue
+        per_node = -(-j["cpus"] // max(1, j["nodes"]))
+        size = (f"{j['cpus']} CPU(s) on {j['nodes']} node(s)" + (f" ({per_node} per node)" if j["nodes"] > 1 else ""))
+        cluster = f"this emulated cluster has {nodes} node(s) of {cpus_per_node} CPUs"
+        if j["nodes"] > nodes or per_node > cpus_per_node:
+            return (f"SLURM job {j['id']} ({j['name']}) is pending (reason: {j['reason']}) and can never start: it "
+                    f"asks for {size} and {cluster}; ask for at most {cpus_per_node} CPUs per node (--cpus-per-task "
+                    f"x --ntasks-per-node) and {nodes} node(s), or give cluster run more --nodes")
+        if j["reason"] in NEVER_RESOLVES or (j["reason"] == "Resources" and not running):
+            return (f"SLURM job {j['id']} ({j['name']}) is pending (reason: {j['reason']}) and nothing in the cluster "
+                    f"will change that: it asks for {size} and {cluster}")
+    return None
+
+
+def cancel_all(cluster: netns.Cluster, slurm: Slurm) -> None:
+    """``scancel`` every job (a stuck one, so that ``sbatch --wait`` returns)."""
+    jobs = [j["id"] for j in squeue(cluster, slurm)]
+    if jobs:
+        subprocess.run(in_node(cluster.nodes[0], ["scancel", *jobs], slurm.hosts), capture_output=True,
+                       env={**os.environ, **slurm.env()}, timeout=30)
+
+
+def wait_watching_the_queue(proc: subprocess.Popen, cluster: netns.Cluster, slurm: Slurm, timeout_s: float,
+                            ) -> int:
+    """Wait for ``proc`` (srun, sbatch --wait) like ``proc.wait(timeout_s)``; a pending job whose reason cannot
+    resolve is cancelled after ``PENDING_GRACE_S`` and said (DDTrainError: its reason, what it asks, what the
+    cluster has)."""
+    deadline = time.monotonic() + timeout_s
+    stuck_since, why = None, None
+    while True:
+        try:
+            return proc.wait(timeout=POLL_S)
+        except subprocess.TimeoutExpired:
+            pass
+        if time.monotonic() > deadline:
+            raise subprocess.TimeoutExpired(proc.args, timeout_s)
+        try:
+            why = never_starts(squeue(cluster, slurm), len(cluster.nodes))
+        except (subprocess.SubprocessError, OSError):
+            why = None
+        if why is None:
+            stuck_since = None
+            continue
+        stuck_since = stuck_since or time.monotonic()
+        if time.monotonic() - stuck_since >= PENDING_GRACE_S:
+            cancel_all(cluster, slurm)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                pass
+            raise DDTrainError(f"{why}; the job was cancelled")
+
+
 def run_command(cluster: netns.Cluster, slurm: Slurm, command: list[str], *, env: dict | None = None,
                 stdout=None, stderr=None) -> subprocess.Popen:
     """Start ``command`` (``srun …``, ``sbatch --wait …``) on the head node, where a login node would run it."""
@@ -222,7 +303,7 @@ def run_with_slurm(cluster: netns.Cluster, command: list[str], *, timeout_s: flo
         slurm, _ = start(cluster)
         proc = run_command(cluster, slurm, command, env={**extra, **(env or {})}, stdout=stdout, stderr=stderr)
         try:
-            returncode = proc.wait(timeout=timeout_s)
+            returncode = wait_watching_the_queue(proc, cluster, slurm, timeout_s)
         except subprocess.TimeoutExpired:
             print(f"ddtrain: error: the job did not finish within {timeout_s:.0f} s; stopping it", flush=True)
             returncode = 124

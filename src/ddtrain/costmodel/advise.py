@@ -353,7 +353,17 @@ def advise(workload: Workload, network: Network, methods: Sequence[Method],
     """Predict and rank ``methods``; a JSON-ready summary with the first choice and the top 3 distinct."""
     if not methods:
         raise DDTrainError("no methods to compare")
-    ranked = rank([predict(m, workload, network) for m in methods], risk_bound_points)
+    predictions = [predict(m, workload, network) for m in methods]
+    # a link so slow (or a latency so long) that a step overflows to infinity is no prediction: ranking it would
+    # name a first choice "predicted inf ms per step" (issue 32); it is left out, and with every one left out the
+    # adviser says so instead of choosing
+    predictable_ = [all(math.isfinite(x) for x in (p.step_s, p.comm_s, p.bytes_per_step)) for p in predictions]
+    finite = [p for p, ok in zip(predictions, predictable_) if ok]
+    if not finite:
+        raise DDTrainError(f"no method is predictable on this link: every predicted step time is infinite "
+                           f"(alpha {network.alpha_s:g} s, beta {network.bucket.beta_s_per_byte:g} s per byte); "
+                           f"check the link rate, latency or calibration")
+    ranked = rank(finite, risk_bound_points)
     first = first_choice(ranked)
     return {"workload": {"params": workload.params, "gradient_bytes": workload.params * 4, "workers": workload.workers,
                          "batch_size": workload.batch_size, "compute_s": workload.compute_s,
@@ -369,4 +379,5 @@ def advise(workload: Workload, network: Network, methods: Sequence[Method],
             "first_choice": first.as_dict() if first else None,
             "top3": [p.as_dict() for p in top_distinct(ranked, 3)],
             "ranked": [p.as_dict() for p in ranked],
+            "not_predictable": [p.method.label for p, ok in zip(predictions, predictable_) if not ok],
             "predictions": ranked}

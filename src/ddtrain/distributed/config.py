@@ -39,7 +39,7 @@ def size_range(value, field: str, flag: str | None = None) -> tuple[int, int]:
     flag = flag or "--" + field.replace("_", "-")
     text = str(value).strip() if not isinstance(value, bool) else repr(value)
     low, sep, high = text.partition(":")
-    if isinstance(value, bool) or not (low.strip().isdigit() and (not sep or high.strip().isdigit())):
+    if isinstance(value, bool) or not (low.strip().isdecimal() and (not sep or high.strip().isdecimal())):
         raise ConfigError(field, f"must be a whole number N or a range MIN:MAX of whole numbers (e.g. 2:4), "
                                  f"got {value!r}", flag=flag)
     least, most = int(low), int(high) if sep else int(low)

@@ -30,9 +30,18 @@ KEY = "ddtrain/doctor/"
 
 
 def node_name() -> str:
-    """The emulated node's index (inside ``ddtrain cluster run``), else this host's name."""
+    """The emulated node's index (inside ``ddtrain cluster run``), else this host's name.
+
+    Under ``cluster run --slurm`` every task inherits the command's DDTRAIN_CLUSTER_NODE (0, the head
+    node's) through SLURM, so an srun task's own SLURM_NODEID names its node (issue 32: "node 0" for both).
+    """
     node = os.environ.get("DDTRAIN_CLUSTER_NODE")
-    return f"node {node}" if node is not None else socket.gethostname()
+    if node is None:
+        return socket.gethostname()
+    slurm_node = os.environ.get("SLURM_NODEID", "")
+    if slurm_node.isdecimal() and os.environ.get("SLURM_STEP_ID") not in (None, "", "4294967294"):
+        return f"node {slurm_node}"
+    return f"node {node}"
 
 
 def interface_to(address: str) -> str:

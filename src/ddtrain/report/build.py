@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from ddtrain.errors import DDTrainError
-from ddtrain.report.sections import collectives_blocks, records_blocks, scaling_blocks
+from ddtrain.report.sections import NOT_DRAWN, collectives_blocks, records_blocks, scaling_blocks
 
 
 def collect(root: Path) -> dict:
@@ -87,7 +87,7 @@ def build(root: Path, out: Path, *, title: str | None = None, all_timelines: boo
         blocks += collectives_blocks(path, result, root, files)
     if not found["collectives"]:
         blocks += [("h2", "Collectives"),
-                   ("p", "No `bench collectives` output here, so no bus-bandwidth plot: run "
+                   ("p", f"{NOT_DRAWN} the bus-bandwidth plot: no `bench collectives` output here; run "
                          f"`ddtrain bench collectives --nproc 2 --sizes 1K:4M --json {root}/collectives.json` and "
                          "report again (its calibration also gives the scaling cells' cost-model times).")]
     for note in found["skipped"] + found["damaged"]:
@@ -98,7 +98,9 @@ def build(root: Path, out: Path, *, title: str | None = None, all_timelines: boo
     atomic_write(html_path, lambda tmp: Path(tmp).write_text(render_html(blocks)))
     figures = [b[2] for b in blocks if b[0] == "img"]
     missing = [b for b in blocks if b[0] == "p" and b[1].startswith("(Plot ")]
+    not_drawn = [b[1][len(NOT_DRAWN):].strip() for b in blocks if b[0] == "p" and b[1].startswith(NOT_DRAWN)]
     return {"markdown": md_path, "html": html_path, "figures": figures, "plots_missing": len(missing),
+            "not_drawn": not_drawn,
             "damaged": found["damaged"]}
 
 

@@ -246,3 +246,23 @@ def measured_vs_model(points: list[tuple[str, float, float]], what: str, path) -
     ax.grid(alpha=0.3, which="both")
     ax.legend(fontsize="small")
     return _save(fig, path, f"Measured against cost-model time: {what}")
+
+
+def training_curves(runs: list[tuple[str, dict]], path) -> str:
+    """Train loss and validation accuracy against epoch, one line per results record (``(label, record)``)."""
+    plt = _plt()
+    val = any(e.get("val_accuracy") is not None for _, r in runs for e in r["epochs"])
+    fig, axes = plt.subplots(1, 2 if val else 1, figsize=(10 if val else 6, 4), squeeze=False)
+    for label, record in runs:
+        epochs = record["epochs"]
+        axes[0][0].plot([e["epoch"] for e in epochs], [e.get("train_loss") for e in epochs], "o-", label=label)
+        if val:
+            axes[0][1].plot([e["epoch"] for e in epochs], [e.get("val_accuracy") for e in epochs], "o-", label=label)
+    axes[0][0].set_ylabel("train loss")
+    if val:
+        axes[0][1].set_ylabel("validation accuracy")
+    for ax in axes[0]:
+        ax.set_xlabel("epoch")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    return _save(fig, path, "Training curves per run" + (": loss and validation accuracy" if val else ": loss"))

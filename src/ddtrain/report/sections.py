@@ -16,6 +16,11 @@ from ddtrain.config import record_settings
 
 
 
+# a paragraph that says which figure the results do not allow and why; ``build`` lists them (issue 32: the demo's
+# folder reported "0 figures" and nothing else)
+NOT_DRAWN = "Not drawn:"
+
+
 def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
 
@@ -181,6 +186,22 @@ def records_blocks(records: list[tuple[Path, dict]], root: Path, files: Path) ->
                      fmt(last.get("train_loss"), 4), fmt(last.get("val_accuracy"), 4)])
     blocks.append(("table", ["record", "model", "data", "strategy", "workers", "epochs", "last epoch (s)",
                              "throughput (samples/s)", "train loss", "val accuracy"], rows))
+    runs = [(str(path.relative_to(root)), r) for path, r in records if r["epochs"]]
+    if runs:
+        blocks.append(_figure(files, "training-curves", plots.training_curves, runs))
+    scaling = record_scaling_rows(records, root)
+    if any(len({r["workers"] for r in members}) > 1 for members in _setups(scaling).values()):
+        blocks.append(("p", "Records of one setup at several worker counts (as `ddtrain demo` writes): throughput is "
+                            "the median samples/s over epochs 2 onwards (the first includes start-up); speed-up is "
+                            "over the fewest workers of the same model, data, strategy, batch, loader and amp."))
+        blocks.append(_figure(files, "records-throughput", plots.throughput_vs_workers, scaling))
+        blocks.append(_figure(files, "records-speedup", plots.speedup_vs_workers, scaling))
+    else:
+        blocks.append(("p", f"{NOT_DRAWN} throughput and speed-up against workers: these records are not of one setup "
+                            "at several worker counts (`ddtrain demo` and `ddtrain bench scaling` write such)."))
+    if not any(r.get("monitor") for _, r in records):
+        blocks.append(("p", f"{NOT_DRAWN} CPU and network timelines: no record holds system samples (train with "
+                            "`--monitor-system` to get them)."))
     for path, r in records:
         name = _slug(str(path.relative_to(root)))
         if r.get("profile"):
@@ -192,6 +213,34 @@ def records_blocks(records: list[tuple[Path, dict]], root: Path, files: Path) ->
         if r.get("monitor"):
             blocks.append(_figure(files, f"timeline-{name}", plots.utilisation_timeline, r, str(path.relative_to(root))))
     return blocks
+
+
+def record_scaling_rows(records: list[tuple[Path, dict]], root: Path) -> list[dict]:
+    """Results records as the rows of ``scaling.json`` the scaling figures draw (one per record with epochs)."""
+    rows = []
+    for path, r in records:
+        epochs = r["epochs"][1:] or r["epochs"]   # the first epoch includes start-up costs
+        rates = sorted(e["samples_per_s"] for e in epochs if e.get("samples_per_s"))
+        if not rates:
+            continue
+        settings = record_settings(r["config"])
+        rows.append({"ok": True, "cell": str(path.relative_to(root)), "strategy": r["strategy"],
+                     "workers": r.get("workers", r["world_size"]), "batch_size": settings.get("batch_size"),
+                     "loader_workers": settings.get("loader_workers", 0), "amp": settings.get("amp", "off"),
+                     "samples_per_s": rates[len(rates) // 2], "setup": (settings["model"], settings["data"])})
+    for members in _setups(rows).values():
+        base = min(members, key=lambda r: r["workers"])
+        for r in members:
+            r["baseline_workers"] = base["workers"]
+            r["speedup"] = r["samples_per_s"] / base["samples_per_s"]
+    return rows
+
+
+def _setups(rows: list[dict]) -> dict[tuple, list[dict]]:
+    out: dict[tuple, list[dict]] = {}
+    for r in rows:
+        out.setdefault((r["setup"], r["strategy"], r["batch_size"], r["loader_workers"], r["amp"]), []).append(r)
+    return out
 
 
 def collectives_blocks(path: Path, result: dict, root: Path, files: Path) -> list:

@@ -74,6 +74,12 @@ def job_fields(job: str) -> dict:
     return dict(item.split("=", 1) for item in done.stdout.split() if "=" in item)
 
 
+def nodes_idle() -> bool:
+    done = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=60)
+    states = done.stdout.split()
+    return bool(states) and all(state.rstrip("*~#") == "idle" for state in states)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", help="a new folder for the job's script, output, checkpoints and final model")
@@ -102,9 +108,12 @@ def main() -> int:
             say(f"[{time.monotonic() - start:6.1f} s] JobState={now[0]} Restarts={now[1]} NodeList={now[2]} "
                 f"Reason={now[3]}")
             last = now
-        if now[0] == "PENDING" and now[1] not in (None, "0") and now[3] == "BeginTime" and not released:
+        if now[0] == "PENDING" and now[1] not in (None, "0") and now[3] == "BeginTime" and not released \
+                and nodes_idle():
             # slurmctld holds a requeued batch job back (its BeginTime) before it may start again; an
-            # administrator can let it go at once, which is all this does (the wait says nothing about ddtrain)
+            # administrator can let it go at once, which is all this does (the wait says nothing about ddtrain).
+            # Only once every node is idle again: released while a node was still COMPLETING the first run's
+            # step, the requeued job failed at once without running its script (a loaded CI run, 2026-11-28)
             released = True
             run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
         if signalled is None and os.path.exists(log):

@@ -74,12 +74,6 @@ def job_fields(job: str) -> dict:
     return dict(item.split("=", 1) for item in done.stdout.split() if "=" in item)
 
 
-def nodes_idle() -> bool:
-    done = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], capture_output=True, text=True, timeout=60)
-    states = done.stdout.split()
-    return bool(states) and all(state.rstrip("*~#") == "idle" for state in states)
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("out", help="a new folder for the job's script, output, checkpoints and final model")
@@ -99,7 +93,7 @@ def main() -> int:
         say(f"#   {line}")
     job = run(["sbatch", "--parsable", f"{out}/job.sbatch"]).split(";")[0]
     start, log, signalled = time.monotonic(), f"{out}/job.out", None
-    states, last, released = [], None, False
+    states, last = [], None
     while time.monotonic() - start < DEADLINE_S:
         fields = job_fields(job)
         now = (fields.get("JobState"), fields.get("Restarts"), fields.get("NodeList"), fields.get("Reason"))
@@ -108,14 +102,10 @@ def main() -> int:
             say(f"[{time.monotonic() - start:6.1f} s] JobState={now[0]} Restarts={now[1]} NodeList={now[2]} "
                 f"Reason={now[3]}")
             last = now
-        if now[0] == "PENDING" and now[1] not in (None, "0") and now[3] == "BeginTime" and not released \
-                and nodes_idle():
-            # slurmctld holds a requeued batch job back (its BeginTime) before it may start again; an
-            # administrator can let it go at once, which is all this does (the wait says nothing about ddtrain).
-            # Only once every node is idle again: released while a node was still COMPLETING the first run's
-            # step, the requeued job failed at once without running its script (a loaded CI run, 2026-11-28)
-            released = True
-            run(["scontrol", "update", f"JobId={job}", "StartTime=now"])
+        # slurmctld holds a requeued batch job back (its BeginTime, about two minutes) before it may start again.
+        # This driver used to let it go at once (scontrol update StartTime=now), as an administrator may; in two
+        # loaded CI runs the job so released failed at once without running its script, while the nodes were
+        # still tearing down the first run's step (2026-11-28), so the requeue now takes SLURM's own time.
         if signalled is None and os.path.exists(log):
             with open(log) as f:
                 text = f.read()

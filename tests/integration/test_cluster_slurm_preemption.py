@@ -34,7 +34,7 @@ def _train_flags() -> list[str]:
     return module.TRAIN
 
 
-@pytest.mark.slow  # SLURM up, a job run twice, a reference run: about a minute and a half here, each
+@pytest.mark.slow  # SLURM up, a job run twice (SLURM holds a requeued job about 2 min), a reference run: ~3.5 min each
 @pytest.mark.parametrize("form", ["launcher", "srun"])
 def test_an_sbatch_job_preempted_by_usr1_is_requeued_and_ends_like_an_uninterrupted_run(tmp_path, form):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO / "src"), os.environ.get("PYTHONPATH")])),

@@ -215,7 +215,7 @@ def cases() -> list[Case]:
                     ["{T}/ck_fifo_info"], "ok", I + "test_info_on_a_directory_holding_a_fifo_is_one_answer_not_a_hang",
                     python=INFO_FIFO, before=lambda T: fifo_checkpoint(T, "ck_fifo_info"), limit_s=150,
                     look_for="it is a FIFO (named pipe)"))
-    out.append(Case("checkpoint", "checkpoint info polled 12 times while a run rotates (--keep 2, every step; was: a "
+    out.append(Case("checkpoint", "checkpoint info polled for 60 s while a run rotates (--keep 2, every step; was: a "
                     "good checkpoint called damaged)", ["{T}/ck_rotating"], "ok",
                     I + "test_a_checkpoint_rotated_away_while_the_directory_is_read_is_gone_not_damaged",
                     python=POLL, before=lambda T: T, limit_s=150, look_for="damaged: 0"))

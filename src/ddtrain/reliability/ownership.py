@@ -66,9 +66,10 @@ def launch_id(nodes: int = 1) -> str:
     ``nodes`` > 1 nodes of one job derive one from their shared run id
     (``distributed.env.share_run_id``), so that each node's launcher counts as the same launch.
     """
+    rid = run_id()   # first: a new run id comes with a new launch id (never one inherited by chance)
     lid = os.environ.get(LAUNCH_ID_ENV, "").strip()
     if not lid:
-        lid = f"nodes-{run_id()}" if nodes > 1 else _new_launch_id()
+        lid = f"nodes-{rid}" if nodes > 1 else _new_launch_id()
         os.environ[LAUNCH_ID_ENV] = lid
     return lid
 

@@ -158,3 +158,92 @@ def test_config_from_refuses_what_is_no_record(tmp_path):
     path.write_text('{"epochs": []}')
     with pytest.raises(DDTrainError, match="no 'config' in it"):
         resolve("--config-from", str(path))
+
+
+# ---- issue 32: files that are not settings files, and replays of what cannot run here
+
+def record(tmp_path, world_size=2, **settings):
+    """A results record of a small run (``--out``'s shape: the resolved config and the world size)."""
+    config = TrainConfig.from_flat(**{"model": "mlp", "data": "digits", "steps": 2, "quiet": True,
+                                      "model_args": {"hidden": (8,)}, **settings})
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps({"config": config.as_dict(), "world_size": world_size}))
+    return path
+
+
+def test_a_record_of_a_two_node_job_replays_its_world_size_on_this_machine(tmp_path, capsys):
+    """Was: the replay took --nnodes 2 and the old --rdzv-endpoint from the record and waited for a node that never
+    came (ignoring SIGTERM). Where a run ran is not replayed, like its outputs; its world size is, here."""
+    path = record(tmp_path, world_size=4, nnodes=2, node_rank=1, rdzv_endpoint="10.0.0.9:29400")
+    config, nproc = resolve("--config-from", str(path))
+    assert nproc == (4, 4)
+    assert (config.dist.nnodes, config.dist.node_rank, config.dist.rdzv_endpoint) == (1, 0, None)
+    assert capsys.readouterr().err.strip() == (
+        f"ddtrain: note: --config-from {path}: the record ran on 2 nodes (world size 4); a replay runs on this machine "
+        "with --nproc 4; to replay it across nodes give --nnodes, --node-rank, --rdzv-endpoint and --nproc (the "
+        "workers of each node)")
+    # the flags still place it where the user says
+    config, nproc = resolve("--config-from", str(path), "--nnodes", "2", "--node-rank", "1", "--rdzv-endpoint",
+                            "10.0.0.1:29500", "--nproc", "2")
+    assert (config.dist.nnodes, config.dist.node_rank, config.dist.rdzv_endpoint, nproc) == (2, 1, "10.0.0.1:29500",
+                                                                                            (2, 2))
+
+
+@pytest.mark.slow  # a real 2-worker replay
+def test_the_command_replays_a_two_node_record_here_instead_of_waiting(tmp_path):
+    path = record(tmp_path, world_size=2, nnodes=2, node_rank=0, rdzv_endpoint="127.0.0.1:29999")
+    done = ddtrain("train", "--config-from", str(path), "--out", str(tmp_path / "again.json"), timeout=200, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    assert "the record ran on 2 nodes (world size 2); a replay runs on this machine with --nproc 2" in done.stderr
+    assert json.loads((tmp_path / "again.json").read_text())["world_size"] == 2
+
+
+@pytest.mark.parametrize("world_size, shown", [(0, "0"), (-2, "-2"), (True, "true"), ("4", '"4"'), (2.5, "2.5")])
+def test_a_record_whose_world_size_is_not_a_worker_count_is_refused_naming_it(tmp_path, world_size, shown):
+    """Was: world_size 0 replayed on 1 worker without a word."""
+    path = record(tmp_path, world_size=world_size)
+    with pytest.raises(DDTrainError) as err:
+        resolve("--config-from", str(path))
+    assert str(err.value) == (f"--config-from {path}: its 'world_size' is {shown}, not a positive number of workers: the "
+                              "record is damaged or was edited; correct it (the run's worker count), or delete the "
+                              "field and give --nproc N")
+
+
+@pytest.mark.parametrize("name, text", [
+    ("deep.toml", "lr = " + "[" * 100_000 + "]" * 100_000 + "\n"),
+    ("deep.yaml", "lr: " + "[" * 100_000 + "]" * 100_000 + "\n"),
+    ("deep.json", '{"config": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+], ids=["toml", "yaml", "json"])
+def test_a_file_nested_100000_deep_is_one_line_naming_it(tmp_path, name, text):
+    """Was: ``ddtrain: error: RecursionError: maximum recursion depth exceeded ...``, the file not named."""
+    if name.endswith(".yaml"):
+        pytest.importorskip("yaml")
+    path = tmp_path / name
+    path.write_text(text)
+    flag = "--config-from" if name.endswith(".json") else "--config"
+    kind = {"toml": "TOML", "yaml": "YAML", "json": "JSON"}[name.rsplit(".", 1)[1]]
+    with pytest.raises(DDTrainError) as err:
+        resolve(flag, str(path))
+    assert str(err.value) == (f"{flag} {path}: its {kind} is nested too deeply to be read (thousands of levels of "
+                              "lists or tables; a settings file has one or two)")
+
+
+@pytest.mark.parametrize("flag, name", [("--config", "latin1.toml"), ("--config-from", "latin1.json")])
+def test_a_file_that_is_not_utf8_is_one_line_naming_it(tmp_path, flag, name):
+    path = tmp_path / name
+    path.write_bytes('model = "caf\u00e9"\n'.encode("latin-1") if flag == "--config" else b'{"config": "caf\xe9"}')
+    with pytest.raises(DDTrainError) as err:
+        resolve(flag, str(path))
+    offset = path.read_bytes().index(b"\xe9")
+    assert str(err.value) == f"{flag} {path}: not UTF-8 text (byte 0xe9 at offset {offset}); save it as UTF-8"
+
+
+@pytest.mark.parametrize("flag, name", [("--config", "fifo.toml"), ("--config-from", "fifo.json")])
+def test_a_fifo_given_as_a_settings_file_is_one_line_not_a_hang(tmp_path, flag, name):
+    """Was: the command blocked for ever opening it."""
+    import os
+    os.mkfifo(tmp_path / name)
+    done = ddtrain("train", flag, str(tmp_path / name), timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (f"ddtrain: error: {flag} {tmp_path / name}: it is a FIFO (named pipe), not a "
+                                   "regular file; give a settings file")

@@ -78,3 +78,51 @@ def test_info_on_nothing_is_one_clear_error(tmp_path):
     assert result.returncode != 0 and "no checkpoint files" in result.stderr
     assert "Traceback" not in result.stderr
     assert checkpoint.listing(tmp_path) == []
+
+
+def test_a_checkpoint_rotated_away_while_the_directory_is_read_is_gone_not_damaged(written, tmp_path, capsys,
+                                                                                   monkeypatch):
+    """Was: ``checkpoint info`` polled while a run rotated its checkpoints called the removed file DAMAGED
+    ("unreadable: No such file or directory") and exited 1."""
+    folder = shutil.copytree(written, tmp_path / "ckpt")
+    real_listing = checkpoint.listing
+
+    def rotated_after_listing(directory):
+        found = real_listing(directory)
+        (folder / "ckpt-00000006.pt").unlink()   # the writer's rotation, between the listing and the reading
+        return found
+    monkeypatch.setattr(checkpoint, "listing", rotated_after_listing)
+    code, out, err = info(capsys, folder)
+    assert code == 0, out + err
+    assert "integrity:     gone: removed while being read (rotated away by the run writing this directory); " \
+           "not damaged" in out
+    assert "# 2 checkpoints, newest whole: ckpt-00000012.pt; gone while read (rotated): ckpt-00000006.pt" in out
+    assert "DAMAGED" not in out
+
+
+def test_a_file_removed_once_open_is_read_whole(written, tmp_path, monkeypatch):
+    """Header and payload are read through one descriptor: a rotation after the open changes nothing."""
+    path = shutil.copy(written / "ckpt-00000012.pt", tmp_path / "ckpt-00000012.pt")
+    real_open = checkpoint._open
+
+    def open_then_rotate(p):
+        f = real_open(p)
+        os.unlink(p)
+        return f
+    monkeypatch.setattr(checkpoint, "_open", open_then_rotate)
+    header, payload = checkpoint.read(path)
+    assert header["step"] == 12 and len(payload["ranks"]) == 1
+
+
+def test_info_on_a_directory_holding_a_fifo_is_one_answer_not_a_hang(written, tmp_path):
+    """Was: ``checkpoint info`` blocked for ever opening a FIFO named like a checkpoint."""
+    folder = shutil.copytree(written, tmp_path / "ckpt")
+    os.mkfifo(folder / "ckpt-00000099.pt")
+    os.mkfifo(folder / "notes")   # not named like a checkpoint: not looked at
+    result = ddtrain("checkpoint", "info", str(folder), timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert "integrity:     DAMAGED: not a checkpoint: it is a FIFO (named pipe), not a regular file" in result.stdout
+    assert "newest whole: ckpt-00000012.pt; damaged: ckpt-00000099.pt" in result.stdout
+    alone = ddtrain("checkpoint", "info", str(folder / "ckpt-00000099.pt"), timeout=120)
+    assert alone.returncode == 1 and "it is a FIFO (named pipe)" in alone.stdout
+    assert "Traceback" not in result.stderr + alone.stderr

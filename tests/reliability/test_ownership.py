@@ -7,11 +7,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import re
 import time
 
 import pytest
 
 from helpers import REPO, assert_one_clear_error, ddtrain
+from ddtrain.errors import DDTrainError
 from ddtrain.reliability import checkpoint, ownership
 
 TRAIN = ["train", "--model", "mlp", "--data", "digits", "--nproc", "2", "--batch-size", "32", "--seed", "1",
@@ -25,17 +27,18 @@ def _env(**extra):
     for name in ("RANK", "WORLD_SIZE"):
         env.pop(name, None)
     # empty, not absent: helpers.ddtrain merges os.environ back in, and an in-process fit of an
-    # earlier test set this process's run id; every command here is a run of its own
+    # earlier test set this process's run id (and launch id); every command here is a run of its own
     env[ownership.RUN_ID_ENV] = ""
+    env[ownership.LAUNCH_ID_ENV] = ""
     return env
 
 
-def _holder(directory, role, run_id):
-    """A process of another run holding ``directory``'s ``role`` lock until killed."""
+def _holder(directory, role, run_id, launch_id="", nodes=1):
+    """A process of another run (or launch) holding ``directory``'s ``role`` lock until killed."""
     code = (f"import sys, time; from ddtrain.reliability import ownership; "
-            f"ownership.claim(sys.argv[1], {role!r}); print('held', flush=True); time.sleep(600)")
+            f"ownership.claim(sys.argv[1], {role!r}, nodes={nodes}); print('held', flush=True); time.sleep(600)")
     proc = subprocess.Popen([sys.executable, "-c", code, str(directory)], stdout=subprocess.PIPE, text=True,
-                            env={**_env(), ownership.RUN_ID_ENV: run_id})
+                            env={**_env(), ownership.RUN_ID_ENV: run_id, ownership.LAUNCH_ID_ENV: launch_id})
     assert proc.stdout.readline().strip() == "held"
     return proc
 
@@ -155,19 +158,91 @@ def test_resume_any_needs_resume():
     assert_one_clear_error(result, "--resume-any needs --resume")
 
 
+CLAIM = "import sys; from ddtrain.reliability import ownership; print(ownership.claim(sys.argv[1], sys.argv[2]))"
+
+
+def _claim(directory, role, run_id, launch_id="", nodes=1):
+    code = CLAIM.replace("sys.argv[2])", f"sys.argv[2], nodes={nodes})")
+    return subprocess.run([sys.executable, "-c", code, str(directory), role], capture_output=True, text=True,
+                          env={**_env(), ownership.RUN_ID_ENV: run_id, ownership.LAUNCH_ID_ENV: launch_id}, timeout=60)
+
+
 def test_processes_of_one_run_share_the_lock(tmp_path):
-    """A torchrun restart is the same run: its rank 0 may take the lock its launcher holds."""
+    """A torchrun restart is the same run and launch (it inherits both ids): its rank 0 may take the lock its
+    launcher holds; another run may not."""
     ck = tmp_path / "ck"
-    holder = _holder(ck, "launcher", "same-run")
+    holder = _holder(ck, "launcher", "same-run", "launch-1")
     try:
-        code = ("import sys; from ddtrain.reliability import ownership; "
-                "print(ownership.claim(sys.argv[1], 'rank0'))")
-        ok = subprocess.run([sys.executable, "-c", code, str(ck)], capture_output=True, text=True,
-                            env={**_env(), ownership.RUN_ID_ENV: "same-run"})
+        ok = _claim(ck, "rank0", "same-run", "launch-1")
         assert ok.returncode == 0 and ok.stdout.strip() == "None", ok.stderr
-        other = subprocess.run([sys.executable, "-c", code, str(ck)], capture_output=True, text=True,
-                               env={**_env(), ownership.RUN_ID_ENV: "other-run"})
+        other = _claim(ck, "rank0", "other-run")
         assert other.returncode != 0 and "is in use by run same-run" in other.stderr
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_two_launches_that_share_an_exported_run_id_are_two_runs(tmp_path):
+    """Was: a sweep script exported DDTRAIN_RUN_ID, so a second --resume on a directory in use was let in (same
+    run id: "a process of this run"); both wrote and one died on a missing .tmp. The launch id tells them apart."""
+    ck = tmp_path / "ck"
+    holder = _holder(ck, "launcher", "sweep")   # its own launch id, made by the holding process
+    try:
+        second = _claim(ck, "rank0", "sweep")
+        assert second.returncode != 0
+        assert "is in use by run sweep (its launching process, pid" in second.stderr
+        assert "both runs have DDTRAIN_RUN_ID=sweep (exported by a script?), but they are two launches" in second.stderr
+        result = ddtrain(*ONE, "--epochs", "1", "--steps", "2", "--checkpoint-dir", str(ck),
+                         env={**_env(), ownership.RUN_ID_ENV: "sweep"})
+        assert_one_clear_error(result, f"--checkpoint-dir {ck} is in use by run sweep", f"pid {holder.pid}",
+                               "give each run its own DDTRAIN_RUN_ID")
+        assert checkpoint.listing(ck) == []
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_the_launchers_of_a_multi_node_job_are_one_launch(tmp_path):
+    """Every node's launcher of one job (the run id shared_run_id derives) holds the directory together."""
+    ck = tmp_path / "ck"
+    holder = _holder(ck, "launcher", "nodes-10.0.0.1:29400", nodes=2)
+    try:
+        node1 = _claim(ck, "launcher", "nodes-10.0.0.1:29400", nodes=2)
+        assert node1.returncode == 0 and node1.stdout.strip() == "None", node1.stderr
+        single = _claim(ck, "launcher", "nodes-10.0.0.1:29400")   # the same id exported to a one-node run
+        assert single.returncode != 0 and "but they are two launches" in single.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@pytest.mark.parametrize("role", ["launcher", "rank0"])
+def test_a_lock_file_that_is_a_symlink_is_refused_and_its_target_kept(tmp_path, role):
+    """Was: the lock record was written through the link, over the file it pointed at."""
+    ck, precious = tmp_path / "ck", tmp_path / "precious.txt"
+    ck.mkdir()
+    precious.write_text("the only copy\n")
+    link = ck / ownership.LOCKS[role]
+    link.symlink_to(precious)
+    with pytest.raises(DDTrainError, match=re.escape(f"--checkpoint-dir {ck}: its lock file {link} is a symbolic link "
+                                                     f"(to {precious}), not a regular file; ")):
+        ownership.claim(ck, role)
+    assert precious.read_text() == "the only copy\n"
+    # a dangling link is not followed to create its target either
+    (ck / ownership.LOCKS[role]).unlink()
+    (ck / ownership.LOCKS[role]).symlink_to(tmp_path / "created-through-the-link")
+    with pytest.raises(DDTrainError, match="is a symbolic link"):
+        ownership.claim(ck, role)
+    assert not (tmp_path / "created-through-the-link").exists()
+
+
+@pytest.mark.parametrize("make, what", [(os.mkfifo, "a FIFO (named pipe)"), (os.mkdir, "a folder")])
+def test_a_lock_file_that_is_a_fifo_or_a_folder_is_one_line_not_a_hang(tmp_path, make, what):
+    """Was: a FIFO blocked the launcher opening it; a folder was an IsADirectoryError traceback."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    make(ck / ownership.LOCKS["launcher"])
+    result = ddtrain(*ONE, "--epochs", "1", "--steps", "2", "--checkpoint-dir", str(ck), env=_env(), timeout=120)
+    assert_one_clear_error(result, f"--checkpoint-dir {ck}: its lock file {ck / ownership.LOCKS['launcher']} is {what}, "
+                                   "not a regular file", "remove it")
+    assert result.returncode == 2

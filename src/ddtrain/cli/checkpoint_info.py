@@ -3,7 +3,8 @@
     ddtrain checkpoint info runs/ckpt                  # every checkpoint of the directory, newest first
     ddtrain checkpoint info runs/ckpt/ckpt-00000030.pt
 
-Exits 1 when a file is damaged (the line says what is wrong), 0 when every file is whole.
+Exits 1 when a file is damaged (the line says what is wrong), 0 when every file is whole. A file
+that a run rotated away while the directory was read is named as gone (not damaged).
 """
 from __future__ import annotations
 
@@ -22,8 +23,10 @@ def main(args) -> int:
             print()
         print("\n".join(lines(info)))
     damaged = [info.path.name for info in found if info.problem is not None]
+    gone = [info.path.name for info in found if info.gone]
     if len(found) > 1:
-        whole = [info.path.name for info in found if info.problem is None]
+        whole = [info.path.name for info in found if info.problem is None and not info.gone]
         print(f"\n# {len(found)} checkpoints, newest whole: {whole[0] if whole else 'none'}"
-              + (f"; damaged: {', '.join(damaged)}" if damaged else ""))
+              + (f"; damaged: {', '.join(damaged)}" if damaged else "")
+              + (f"; gone while read (rotated): {', '.join(gone)}" if gone else ""))
     return 1 if damaged else 0

@@ -1,17 +1,49 @@
 """Settings from files for ``ddtrain train``: ``--config FILE`` (TOML or YAML) and ``--config-from RESULTS.json``.
 
 Both are the command line's: a file's keys are the flags' names, and its problems are reported
-naming the file, its line and the key (or the flag that named the file).
+naming the file, its line and the key (or the flag that named the file). A file is read only if
+it is a regular file of reasonable size (a FIFO would block the command forever), must be UTF-8,
+and may not be nested deeper than a parser can follow (each is one line naming the file; issue 32).
+
+A replay (``--config-from``) runs on this machine: the record's outputs are not replayed (a
+replay writes anew), nor is where it ran (``--nnodes``, ``--node-rank``, ``--rdzv-endpoint``): a
+record of a multi-node job replays its world size here as ``--nproc``, with a note saying so
+(issue 32: it waited for a node that never came). Give those flags to replay it across nodes.
 """
 from __future__ import annotations
 
+import sys
 import typing
 
 from ddtrain.config import _UNIONS, NOT_FLAGS, TrainConfig, field_kind, fields_of, flag_name
 from ddtrain.errors import ConfigError, DDTrainError
+from ddtrain.reliability.regular_files import NotRegular, read_regular
 
 CONFIG_SUFFIXES = (".toml", ".yaml", ".yml")
 OUTPUTS = ("out", "save", "tensorboard", "csv", "trace", "checkpoint_dir")   # not replayed: a replay writes anew
+PLACEMENT = ("nnodes", "node_rank", "rdzv_endpoint")   # not replayed: where the run ran; a replay runs here
+CONFIG_LIMIT = 4 << 20      # bytes: a settings file is a few hundred
+RECORD_LIMIT = 256 << 20    # bytes: a results record with every epoch's and step's figures
+
+
+def read_text(path: str, flag: str, limit: int) -> str:
+    """The UTF-8 text of the settings file ``path`` named by ``flag``; one DDTrainError line naming it otherwise."""
+    try:
+        data = read_regular(path, limit)
+    except NotRegular as exc:
+        raise DDTrainError(f"{flag} {path}: it {exc}; give a settings file") from None
+    except OSError as exc:
+        raise DDTrainError(f"{flag} {path}: cannot read it ({exc.strerror or exc})") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DDTrainError(f"{flag} {path}: not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}); "
+                           "save it as UTF-8") from None
+
+
+def _too_deep(flag: str, path: str, what: str) -> DDTrainError:
+    return DDTrainError(f"{flag} {path}: its {what} is nested too deeply to be read (thousands of levels of lists "
+                        "or tables; a settings file has one or two)")
 
 
 def flag_fields() -> dict[str, tuple[str, object]]:
@@ -30,10 +62,7 @@ def read_config_file(path: str) -> dict:
     file = pathlib.Path(path)
     if file.suffix not in CONFIG_SUFFIXES:
         raise DDTrainError(f"--config {path}: use a .toml or .yaml file")
-    try:
-        text = file.read_text()
-    except OSError as exc:
-        raise DDTrainError(f"--config {path}: cannot read it ({exc.strerror or exc})") from None
+    text = read_text(path, "--config", CONFIG_LIMIT)
     if file.suffix == ".toml":
         raw = _parse_toml(text, path)
     else:
@@ -45,6 +74,8 @@ def read_config_file(path: str) -> dict:
             raw = yaml.safe_load(text)
         except yaml.YAMLError as exc:
             raise DDTrainError(f"--config {path}: not valid YAML: {exc}") from None
+        except RecursionError:
+            raise _too_deep("--config", path, "YAML") from None
         raw = {} if raw is None else raw
         if not isinstance(raw, dict):
             raise DDTrainError(f"--config {path}: the file must be a mapping of flag names to values")
@@ -81,6 +112,8 @@ def _parse_toml(text: str, path: str) -> dict:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise DDTrainError(f"--config {path}: not valid TOML: {exc}") from None
+    except RecursionError:
+        raise _too_deep("--config", path, "TOML") from None
 
 
 def _line_of(text: str, key: str) -> int:
@@ -124,21 +157,39 @@ def value_problem(tp, value) -> str | None:
 def read_record_config(path: str) -> tuple[dict, int | None]:
     """(``{field: value}`` of a results record's resolved configuration, the run's world size) for a replay.
 
-    Outputs (``OUTPUTS``) are left out, so that a replay never overwrites the run it replays.
+    Outputs (``OUTPUTS``) are left out, so that a replay never overwrites the run it replays, and
+    so is where it ran (``PLACEMENT``): a multi-node record replays its world size on this machine.
     """
     import json
+    text = read_text(path, "--config-from", RECORD_LIMIT)
     try:
-        with open(path) as f:
-            record = json.load(f)
-    except OSError as exc:
-        raise DDTrainError(f"--config-from {path}: cannot read it ({exc.strerror or exc})") from None
+        record = json.loads(text)
+    except RecursionError:
+        raise _too_deep("--config-from", path, "JSON") from None
     except ValueError as exc:
         raise DDTrainError(f"--config-from {path}: not a JSON results record ({exc})") from None
     if not isinstance(record, dict) or not isinstance(record.get("config"), dict):
         raise DDTrainError(f"--config-from {path}: no 'config' in it (is it the --out record of ddtrain train?)")
+    world_size = record.get("world_size")
+    if world_size is not None and (not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1):
+        raise DDTrainError(f"--config-from {path}: its 'world_size' is {json.dumps(world_size)[:40]}, not a positive "
+                           "number of workers: the record is damaged or was edited; correct it (the run's worker "
+                           "count), or delete the field and give --nproc N")
     try:
         config = TrainConfig.from_dict(record["config"])
-    except (ConfigError, TypeError) as exc:
+    except (ConfigError, TypeError, ValueError, AttributeError, KeyError) as exc:
         raise DDTrainError(f"--config-from {path}: its config does not load: {exc}") from None
-    values = {k: v for k, v in config.flat().items() if k not in OUTPUTS and k not in NOT_FLAGS}
-    return values, record.get("world_size")
+    except RecursionError:
+        raise _too_deep("--config-from", path, "config") from None
+    flat = config.flat()
+    values = {k: v for k, v in flat.items() if k not in OUTPUTS and k not in NOT_FLAGS and k not in PLACEMENT}
+    if world_size is None:
+        print(f"ddtrain: note: --config-from {path}: the record has no 'world_size'; the replay runs on --nproc "
+              "workers (1 unless given)", file=sys.stderr, flush=True)
+    nodes = flat.get("nnodes", 1)
+    if nodes not in (1, "1"):
+        shown = f"--nproc {world_size}" if world_size else "--nproc 1"
+        print(f"ddtrain: note: --config-from {path}: the record ran on {nodes} nodes (world size {world_size or '?'}); "
+              f"a replay runs on this machine with {shown}; to replay it across nodes give --nnodes, --node-rank, "
+              "--rdzv-endpoint and --nproc (the workers of each node)", file=sys.stderr, flush=True)
+    return values, world_size

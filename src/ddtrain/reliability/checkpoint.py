@@ -8,7 +8,10 @@ the ranks. A rank's part is its RNG states (torch CPU and CUDA, Python ``random`
 its running epoch metrics and its gradient compressor's state (error feedback, PowerSGD's Q,
 DDP's buckets); the model, optimizer and gradient-scaler states are stored once when the
 strategy keeps replicas identical (ddp and the all-reduce strategies), else once per rank;
-files are written atomically and verified when read (``write``).
+the run's per-epoch history is in the payload, so that the header stays small however many
+epochs a run has (issue 32). Files are written atomically and verified when read (``write``);
+a file that is not a regular file (a FIFO, a folder) is damaged, never opened in a way that
+blocks, and one that a rotation removed while it was read is ``Vanished``, not damaged.
 ``Checkpointer`` is the training loop's side (resume, when one is due, save). A save blocks
 training only while the state is gathered and copied to host memory (a snapshot); rank 0
 serialises, writes, flushes and renames the file on a thread of its own (``Writer``), one
@@ -35,16 +38,24 @@ from ddtrain.distributed import runtime
 from ddtrain.distributed.job import requeue_count
 from ddtrain.errors import ConfigError, DDTrainError
 from ddtrain.observe import files
-from ddtrain.reliability import checkpoint_elastic, ownership, stall
+from ddtrain.reliability import checkpoint_elastic, ownership, regular_files, stall
 from ddtrain.reliability.consistency import ConfigMismatch, PeerStopped
 
 MAGIC = b"DDTRAIN-CHECKPOINT 1\n"
-FORMAT = 1
+# 1: the header's checksum (header_sha256) was optional (files written before it have none) and the
+# per-epoch history was in the header; 2: header_sha256 is required, the history is in the payload.
+FORMAT = 2
+# the longest header line ddtrain writes and reads (issue 32: the writer wrote headers the reader refused)
+HEADER_LIMIT = 16 << 20
 NAME = re.compile(r"^ckpt-(\d{8,})\.pt$")
 
 
 class Damaged(Exception):
     """A checkpoint file that cannot be trusted; the message says why."""
+
+
+class Vanished(Exception):
+    """A checkpoint file that was listed and is gone when opened (a rotation removed it): not damaged."""
 
 
 def path_for(directory, step: int) -> Path:
@@ -80,6 +91,10 @@ def write(path, header: dict, payload: dict) -> Path:
     header = json.loads(json.dumps(header, sort_keys=True, default=str))  # as it will read back
     header["header_sha256"] = header_checksum(header)
     line = json.dumps(header, sort_keys=True).encode() + b"\n"
+    if len(line) > HEADER_LIMIT:   # never write what the reader refuses (the same limit)
+        raise DDTrainError(f"checkpoint {path} was not written: its header would be {len(line):,} bytes, more than "
+                           f"the {HEADER_LIMIT:,} a checkpoint header may have (largest fields: "
+                           f"{', '.join(_largest_fields(header))}); keep large values in the payload")
 
     def _write(tmp):
         with open(tmp, "wb") as f:
@@ -88,66 +103,159 @@ def write(path, header: dict, payload: dict) -> Path:
     return files.atomic_write(path, _write)
 
 
+def _largest_fields(header: dict) -> list[str]:
+    sizes = sorted(((len(json.dumps(v)), k) for k, v in header.items()), reverse=True)[:3]
+    return [f"{k} ({n:,} bytes)" for n, k in sizes]
+
+
 def header_checksum(header: dict) -> str:
     """SHA-256 of the header without this checksum: a header edited by hand no longer matches."""
     rest = {k: v for k, v in header.items() if k != "header_sha256"}
     return hashlib.sha256(json.dumps(rest, sort_keys=True).encode()).hexdigest()
 
 
-# header fields a training checkpoint has, and what each must be (checked when present)
+# header fields a checkpoint has, and what each must be (checked when present): integers with their least value,
+# then the types of the others; the sections' own fields below them. A header of other types is damaged (issue 32:
+# a header with a field of the wrong type was a traceback further on, in the resume).
 _FIELDS = {"step": (0, "a non-negative integer"), "epoch": (1, "a positive integer"),
            "step_in_epoch": (0, "a non-negative integer"), "world_size": (1, "a positive integer"),
-           "payload_bytes": (0, "a non-negative integer")}
+           "payload_bytes": (0, "a non-negative integer"), "format": (1, "a positive integer")}
+_KINDS = {"fingerprint": (dict, "an object"), "sha256": (str, "a hex string"), "header_sha256": (str, "a hex string"),
+          "run": ((dict, type(None)), "an object"), "strategy": (str, "a string"), "kind": (str, "a string"),
+          "schedule": (dict, "an object"), "elastic": (dict, "an object"), "epochs_done": (list, "a list")}
+
+
+def _count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+_COUNT = (_count, "a non-negative integer")
+_COUNT_OR_NONE = (lambda v: v is None or _count(v), "a non-negative integer or null")
+_TEXT = (lambda v: isinstance(v, str), "a string")
+_TEXT_OR_NONE = (lambda v: v is None or isinstance(v, str), "a string or null")
+_SECTIONS = {   # section -> {field: (test, what it must be)}; fields are optional (older versions wrote fewer)
+    "elastic": {"workers": _COUNT, "servers": _COUNT, "grad_accum": _COUNT_OR_NONE, "global_batch_size": _COUNT_OR_NONE,
+                "rule": _TEXT_OR_NONE, "data": _TEXT, "data_args": _TEXT, "sharding": _TEXT, "fixed": _TEXT,
+                "worker_counts": (lambda v: isinstance(v, list) and all(_count(n) for n in v),
+                                  "a list of non-negative integers")},
+    "run": {"lineage": _TEXT_OR_NONE, "run_id": _TEXT_OR_NONE, "host": _TEXT_OR_NONE, "pid": _COUNT_OR_NONE},
+    "fingerprint": {"parameter_shapes": (lambda v: isinstance(v, list) and all(
+        isinstance(p, list) and len(p) == 3 and isinstance(p[0], str) and isinstance(p[1], list) for p in v),
+        "a list of [name, shape, dtype] entries")},
+}
+
+
+def _shown(value) -> str:
+    try:
+        text = json.dumps(value)
+    except (ValueError, RecursionError):
+        text = type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _check_fields(header: dict) -> None:
     for name, (least, what) in _FIELDS.items():
         value = header.get(name, least)
         if not isinstance(value, int) or isinstance(value, bool) or value < least:
-            raise Damaged(f"its header field {name!r} is {json.dumps(value)}, not {what}")
-    for name, kind, what in (("fingerprint", dict, "an object"), ("sha256", str, "a hex string"),
-                             ("run", dict, "an object")):
-        if name in header and not isinstance(header[name], kind) and not (name == "run" and header[name] is None):
-            raise Damaged(f"its header field {name!r} is {json.dumps(header[name])[:60]}, not {what}")
+            raise Damaged(f"its header field {name!r} is {_shown(value)}, not {what}")
+    for name, (kind, what) in _KINDS.items():
+        if name in header and not isinstance(header[name], kind):
+            raise Damaged(f"its header field {name!r} is {_shown(header[name])}, not {what}")
+    for section, fields in _SECTIONS.items():
+        values = header.get(section) or {}
+        for name, (test, what) in fields.items():
+            if name in values and not test(values[name]):
+                raise Damaged(f"its header field {section}.{name} is {_shown(values[name])}, not {what}")
+    if not all(isinstance(e, dict) for e in header.get("epochs_done", [])):
+        raise Damaged("its header field 'epochs_done' is not a list of objects (one per epoch)")
+    if header.get("format", 1) > FORMAT:
+        raise Damaged(f"written by a newer ddtrain (checkpoint format {header['format']}; this one reads formats 1 "
+                      f"to {FORMAT}): resume it with that version")
 
 
-def read_header(path) -> tuple[dict, int]:
-    """The header and the payload's offset; raises Damaged if the file is not whole or was edited."""
+def _open(path):
+    """``path`` opened for reading if it is a regular file (never blocking on a FIFO)."""
     try:
-        with open(path, "rb") as f:
-            magic = f.read(len(MAGIC))
-            line = f.readline(1 << 20)
-            offset = f.tell()
-        size = os.path.getsize(path)
+        return os.fdopen(regular_files.open_regular(path), "rb")
+    except regular_files.NotRegular as exc:
+        raise Damaged(f"not a checkpoint: it {exc}") from None
+    except FileNotFoundError:
+        raise Vanished("gone: it was removed while being read (a run writing this directory rotated it away)") from None
     except OSError as exc:
         raise Damaged(f"unreadable: {exc.strerror or exc}") from None
+
+
+def _parse_header(f) -> tuple[dict, int]:
+    """The header of the open checkpoint ``f`` and the payload's offset (where ``f`` is left); see ``read_header``."""
+    size = os.fstat(f.fileno()).st_size
+    magic = f.read(len(MAGIC))
+    line = f.readline(HEADER_LIMIT + 1)
+    offset = f.tell()
     if magic != MAGIC:
         raise Damaged("not a ddtrain checkpoint (bad magic line)" if size >= len(MAGIC) else f"truncated: {size} bytes")
     if not line.endswith(b"\n"):
+        if len(line) > HEADER_LIMIT:
+            raise Damaged(f"its header line is longer than {HEADER_LIMIT:,} bytes, the most a checkpoint header may "
+                          "have: not a ddtrain checkpoint header")
         raise Damaged(f"truncated inside its header: {size} bytes")
     try:
         header = json.loads(line)
+    except RecursionError:
+        raise Damaged("its header line is JSON nested too deeply to be a checkpoint header (no ddtrain writes "
+                      "one): edited or not a ddtrain checkpoint") from None
     except ValueError as exc:  # UnicodeDecodeError too
         raise Damaged(f"its header line is not valid JSON ({getattr(exc, 'msg', exc)}, at character "
                       f"{getattr(exc, 'pos', '?')}): edited by hand or corrupted") from None
     if not isinstance(header, dict) or "payload_bytes" not in header or "sha256" not in header:
         raise Damaged("its header has no payload length and checksum: not a whole ddtrain checkpoint header")
-    if "header_sha256" in header and header["header_sha256"] != header_checksum(header):
-        raise Damaged("its header was changed after writing (header checksum mismatch): checkpoints cannot be "
-                      "edited by hand; resume from the file as written, or start afresh")
+    if "header_sha256" in header:
+        try:
+            same = header["header_sha256"] == header_checksum(header)
+        except (ValueError, RecursionError):
+            same = False
+        if not same:
+            raise Damaged("its header was changed after writing (header checksum mismatch): checkpoints cannot be "
+                          "edited by hand; resume from the file as written, or start afresh")
     _check_fields(header)
+    if "header_sha256" not in header and header.get("format", 1) >= 2:
+        raise Damaged("its header has no checksum (header_sha256), which every checkpoint of its format has: the "
+                      "field was deleted, so the header cannot be trusted (edited by hand?); resume from a "
+                      "checkpoint as written, or start afresh")
     expected = offset + header["payload_bytes"]
     if size != expected:
         raise Damaged(f"{'truncated' if size < expected else 'too long'}: {size} of {expected} bytes")
     return header, offset
 
 
+def verified(header: dict) -> bool:
+    """The header carries its checksum (format 1 files written before header checksums do not: unverified)."""
+    return "header_sha256" in header
+
+
+def read_header(path) -> tuple[dict, int]:
+    """The header and the payload's offset; raises Damaged if the file is not whole or was edited.
+
+    Raises Vanished when the file is gone (listed, then removed by a rotation before it was opened).
+    """
+    with _open(path) as f:
+        try:
+            return _parse_header(f)
+        except OSError as exc:
+            raise Damaged(f"unreadable: {exc.strerror or exc}") from None
+
+
 def read(path) -> tuple[dict, dict]:
-    """(header, payload) of a whole, uncorrupted checkpoint; raises Damaged otherwise."""
-    header, offset = read_header(path)
-    with open(path, "rb") as f:
-        f.seek(offset)
-        data = f.read()
+    """(header, payload) of a whole, uncorrupted checkpoint; raises Damaged otherwise (Vanished: gone, not damaged).
+
+    Header and payload are read through one descriptor: a rotation that removes the file once it
+    is open changes nothing of what is read.
+    """
+    with _open(path) as f:
+        try:
+            header, offset = _parse_header(f)
+            data = f.read(header["payload_bytes"] + 1)
+        except OSError as exc:
+            raise Damaged(f"unreadable: {exc.strerror or exc}") from None
     if len(data) != header["payload_bytes"]:
         raise Damaged(f"truncated while reading: {offset + len(data)} of {offset + header['payload_bytes']} bytes")
     if hashlib.sha256(data).hexdigest() != header.get("sha256"):
@@ -156,6 +264,11 @@ def read(path) -> tuple[dict, dict]:
         payload = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # weights_only refuses anything but tensors and plain containers
         raise Damaged(f"refused by torch.load(weights_only=True): {_refusal(exc)}") from None
+    if not verified(header) and isinstance(payload, dict) and payload.get("step", header.get("step")) != header.get("step"):
+        # a format-1 header without its checksum: the payload (under its SHA-256) still says where it was written
+        raise Damaged(f"its header says step {header.get('step')} but its payload holds the state after step "
+                      f"{_shown(payload.get('step'))}, and the header has no checksum (header_sha256): the header was "
+                      "edited by hand; resume from a checkpoint as written, or start afresh")
     return header, payload
 
 
@@ -180,6 +293,8 @@ def newest(directory, *, warn=None, quarantine: bool = False):
     for _, path in listing(directory):
         try:
             header, payload = read(path)
+        except Vanished:   # rotated away since the listing: neither whole nor damaged
+            continue
         except Damaged as exc:
             skipped.append(path)
             if warn:
@@ -187,7 +302,13 @@ def newest(directory, *, warn=None, quarantine: bool = False):
             continue
         if quarantine:
             for bad in skipped:
-                os.replace(bad, bad.with_name(bad.name + ".damaged"))
+                try:
+                    os.replace(bad, bad.with_name(bad.name + ".damaged"))
+                except FileNotFoundError:
+                    pass
+        if not verified(header) and warn:
+            warn(f"checkpoint {path} has no header checksum (a format-1 file written before header checksums); "
+                 "its step agrees with its payload's, its payload is verified")
         return path, header, payload
     return None
 
@@ -216,13 +337,14 @@ def check_dir(config, fingerprint: dict) -> None:
     if Path(directory).exists() and not Path(directory).is_dir():
         raise ConfigError("checkpoint_dir", f"'{directory}' is a file, not a directory")
     files.check_writable(Path(directory) / "ckpt", "checkpoint_dir")
-    ownership.check_free(directory)  # a running run's directory: say so before anything else
+    nodes = config.dist.max_nodes
+    ownership.check_free(directory, nodes=nodes)  # a running run's directory: say so before anything else
     found = listing(directory)
     if not config.reliability.resume:
         if found:
             raise ConfigError("checkpoint_dir", f"{directory} already holds checkpoints (newest: {found[0][1].name}); "
                               "pass resume to continue from it, or choose an empty directory", mentions=("resume",))
-        _take(directory)
+        _take(directory, nodes)
         ownership.start_lineage(directory)
         return
     if not found:
@@ -231,13 +353,15 @@ def check_dir(config, fingerprint: dict) -> None:
     for _, path in found:  # the cheap test (header and length) here; rank 0 verifies the checksum
         try:
             header, _ = read_header(path)
+        except Vanished:
+            continue
         except Damaged as exc:
             damaged.append(f"{path.name} ({exc})")
             continue
         now = checkpoint_elastic.section(config, workers=fingerprint["world_size"], servers=0,
                                          train_samples=fingerprint["train_samples"], resize_rule=None)
         checkpoint_elastic.check(header, fingerprint, now, path)  # another worker count only where it can
-        _take(directory)
+        _take(directory, nodes)
         ownership.ensure_lineage(directory)
         theirs = ownership.check_lineage(header, directory, path, resume_any=config.reliability.resume_any)
         if theirs:
@@ -249,9 +373,9 @@ def check_dir(config, fingerprint: dict) -> None:
     raise ConfigError("resume", f"finds every checkpoint in {directory} damaged: {'; '.join(damaged)}")
 
 
-def _take(directory) -> None:
+def _take(directory, nodes: int = 1) -> None:
     """The launching process holds the directory until it exits (its workers are the same run)."""
-    previous = ownership.claim(directory, "launcher")
+    previous = ownership.claim(directory, "launcher", nodes=nodes)
     import atexit
     atexit.register(ownership.release, directory, "launcher")
     if previous:
@@ -409,6 +533,9 @@ def check_payload(payload, header: dict, path) -> None:
     state = payload.get("shared") if payload.get("shared") is not None else (ranks[0] if ranks else {})
     if not (isinstance(state, dict) and isinstance(state.get("model"), dict) and isinstance(state.get("optimizer"), dict)):
         raise bad("it holds no model and optimizer state")
+    history = payload.get("epochs_done", [])
+    if not (isinstance(history, list) and all(isinstance(e, dict) for e in history)):
+        raise bad("its per-epoch history ('epochs_done') is not a list of objects")
 
 
 def _check_state_payload(payload, header: dict, path) -> None:
@@ -454,6 +581,8 @@ def restore(directory, *, required: bool, warn, check=None, reshape=None, missin
                     check({**header, "path": str(path)})
                 check_payload(payload, header, path)
                 ranks = payload["ranks"]
+                if "epochs_done" in payload:   # format 2 keeps the per-epoch history in the payload
+                    header = {**header, "epochs_done": payload["epochs_done"]}
                 verdict = {"path": str(path), "header": header}
                 parts = reshape(header, ranks, payload["shared"]) if reshape is not None else None
                 if parts is None:   # written by this world size: each rank its own part
@@ -550,7 +679,12 @@ class Checkpointer:
         saved = header.get("schedule")
         if self.schedule_change is None or self.schedule is None or not isinstance(saved, dict):
             return None   # a checkpoint written before schedules were recorded: nothing to compare
-        return self.schedule_change(saved, self.schedule, header["step"])
+        try:
+            return self.schedule_change(saved, self.schedule, header["step"])
+        except (TypeError, ValueError, KeyError, AttributeError, ArithmeticError):  # values of the wrong types
+            raise DDTrainError(f"checkpoint {header.get('path', self.directory)} cannot be resumed from: its header's "
+                               "'schedule' section is not one ddtrain writes (its values have the wrong types: "
+                               "edited, or written by another program); remove it or resume from another") from None
 
     def resume(self) -> None:
         """Take the directory; load the newest whole checkpoint when ``resume`` is set or torchrun restarted us."""
@@ -681,15 +815,18 @@ class Checkpointer:
             part.update(state)
         header = {"step": step, "epoch": self._epoch_now, "step_in_epoch": steps_done,
                   "strategy": self.strategy_name, "run": ownership.tag(self.directory) if rank0 else None,
-                  "fingerprint": self.fingerprint, "epochs_done": copy.deepcopy(self.record["epochs"])}
+                  "fingerprint": self.fingerprint}
         if self.schedule is not None:
             header["schedule"] = self.schedule
         if self.elastic:
             header["elastic"] = self.elastic
         parts = gather_parts(part, self.strategy.group)   # the snapshot: every tensor copied to host memory
         if rank0:
+            # the per-epoch history grows with the epochs: in the payload, the header stays small (issue 32:
+            # 5,000 one-step epochs made headers the reader refused); as JSON values, as the header had them
+            history = json.loads(json.dumps(copy.deepcopy(self.record["epochs"]), default=str))
             payload = {"format": FORMAT, "step": step, "shared": to_cpu(state) if replicated else None,
-                       "ranks": parts}
+                       "ranks": parts, "epochs_done": history}
             path = path_for(self.directory, step)
             header = {**header, "world_size": len(parts)}
             if not self.in_background:

@@ -7,6 +7,8 @@ per file; ``lines`` renders them. A checkpoint is described by its header: step 
 the run's configuration (strategy, model, data, global batch, gradient accumulation, workers,
 seed), its size, and the worker counts it can resume on (``checkpoint_elastic``). A script's state
 (``ddtrain.save_state``, header kind "state") is read the same way and described by its own lines.
+A file that a run's rotation removes while the directory is read (``checkpoint.Vanished``) is
+reported as gone, not as damaged (issue 32: polling a directory in use called good files damaged).
 """
 from __future__ import annotations
 
@@ -20,22 +22,32 @@ from ddtrain.reliability import checkpoint, checkpoint_elastic
 
 @dataclass
 class FileInfo:
-    """One checkpoint file: its header (when readable) and what is wrong with it (None: whole)."""
+    """One checkpoint file: its header (when readable) and what is wrong with it (None: whole).
+
+    ``gone``: removed (rotated away) between the listing and the reading: neither whole nor damaged.
+    """
 
     path: Path
     size_bytes: int
     header: dict = field(default_factory=dict)
     problem: str | None = None
+    gone: bool = False
 
 
 def inspect_file(path) -> FileInfo:
     """Read and verify one file; a damaged one says what is wrong (its header is kept where it could be read)."""
     path = Path(path)
-    info = FileInfo(path, os.path.getsize(path) if path.is_file() else 0)
+    try:
+        size = os.stat(path).st_size
+    except OSError:
+        size = 0
+    info = FileInfo(path, size)
     try:
         info.header, _ = checkpoint.read_header(path)
         header, payload = checkpoint.read(path)
         checkpoint.check_payload(payload, header, path)
+    except checkpoint.Vanished:
+        info.gone = True
     except checkpoint.Damaged as exc:
         info.problem = str(exc)
     except DDTrainError as exc:   # whole bytes, but not what the training loop writes
@@ -113,7 +125,14 @@ def lines(info: FileInfo) -> list[str]:
         run = h.get("run") or {}
         if run.get("run_id"):
             out.append(f"  written by:    run {run['run_id']}")
-    if info.problem is None:
+    if info.gone:
+        out.append("  integrity:     gone: removed while being read (rotated away by the run writing this "
+                   "directory); not damaged")
+    elif info.problem is None and not checkpoint.verified(h):
+        out.append("  integrity:     ok, but its header is unverified: a format-1 file without a header checksum "
+                   "(written before header checksums); its step agrees with its payload's, the payload's length "
+                   "and SHA-256 are verified, it loads with weights_only")
+    elif info.problem is None:
         out.append("  integrity:     ok (header checksum, payload length and SHA-256 verified; loads with "
                    "weights_only; per-rank parts and model/optimizer state present)")
     else:

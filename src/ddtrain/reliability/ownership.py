@@ -4,9 +4,13 @@ Two lock files in the directory, each held with ``fcntl.flock`` for the life of 
 (the kernel drops the lock when the process ends, however it ends, so a dead run's lock is
 free by itself): ``.ddtrain-lock`` by the launching process (``ddtrain train --nproc``) and
 ``.ddtrain-lock-rank0`` by the worker that writes the checkpoints. Each names its holder (run
-id, host, pid, start time, command). A process of another run finds either held and is refused
-with that name; the processes of one run (the launcher, its workers, torchrun's restarts of them)
-share the run id ``DDTRAIN_RUN_ID``, which the first of them sets and the others inherit.
+id, launch id, host, pid, start time, command). A process of another run finds either held and is
+refused with that name; the processes of one run (the launcher, its workers, torchrun's restarts of
+them) share the run id ``DDTRAIN_RUN_ID``, which the first of them sets and the others inherit, and
+the launch id ``DDTRAIN_LAUNCH_ID`` (issue 32: two launches that share an exported run id, a sweep
+script's, are still two runs; the launchers of the nodes of one multi-node job share one). The lock
+files are opened without following a symbolic link and without blocking, and must be regular files
+(``regular_files``): a link, a FIFO or a folder in their place is refused naming it.
 ``.ddtrain-lineage`` names the run that started the directory; every checkpoint records it,
 and ``--resume`` continues only from checkpoints of that lineage unless ``--resume-any`` says so.
 ``.ddtrain-membership`` lists the world sizes the run trained at and from which step (``note_membership``).
@@ -24,8 +28,10 @@ from pathlib import Path
 
 from ddtrain.distributed.launch import MEMBERSHIP_REASON_ENV  # set by the launcher that restarted the workers
 from ddtrain.errors import ConfigError, DDTrainError
+from ddtrain.reliability.regular_files import NotRegular, open_regular, read_regular
 
 RUN_ID_ENV = "DDTRAIN_RUN_ID"
+LAUNCH_ID_ENV = "DDTRAIN_LAUNCH_ID"
 LOCKS = {"launcher": ".ddtrain-lock", "rank0": ".ddtrain-lock-rank0"}
 LINEAGE = ".ddtrain-lineage"
 MEMBERSHIP = ".ddtrain-membership"
@@ -43,12 +49,42 @@ def run_id() -> str:
     if not rid:
         rid = f"{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}-{uuid.uuid4().hex[:8]}"
         os.environ[RUN_ID_ENV] = rid  # workers and torchrun's restarts of them inherit it: the same run
+        os.environ[LAUNCH_ID_ENV] = _new_launch_id()  # a new run is a new launch (never one inherited by chance)
     return rid
+
+
+def _new_launch_id() -> str:
+    return f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def launch_id(nodes: int = 1) -> str:
+    """This launch's identity: ``DDTRAIN_LAUNCH_ID`` if set (by the launching process), else a new one, exported.
+
+    A run id may be shared by two launches (a sweep script that exported ``DDTRAIN_RUN_ID``):
+    the launch id tells them apart. The launching process makes it (its host, pid and a random
+    part) and its workers and torchrun's restarts of them inherit it. The launchers of the
+    ``nodes`` > 1 nodes of one job derive one from their shared run id
+    (``distributed.env.share_run_id``), so that each node's launcher counts as the same launch.
+    """
+    rid = run_id()   # first: a new run id comes with a new launch id (never one inherited by chance)
+    lid = os.environ.get(LAUNCH_ID_ENV, "").strip()
+    if not lid:
+        lid = f"nodes-{rid}" if nodes > 1 else _new_launch_id()
+        os.environ[LAUNCH_ID_ENV] = lid
+    return lid
+
+
+def _ours(owner: dict) -> bool:
+    """The lock ``owner`` is a process of this run and launch (a record without a launch id: of this run)."""
+    if owner.get("run_id") != run_id():
+        return False
+    theirs = owner.get("launch")
+    return theirs is None or theirs == launch_id()
 
 
 def _owner_record(role: str) -> dict:
     command = " ".join(["ddtrain", *sys.argv[1:]])
-    return {"run_id": run_id(), "role": role, "host": socket.gethostname(), "pid": os.getpid(),
+    return {"run_id": run_id(), "launch": launch_id(), "role": role, "host": socket.gethostname(), "pid": os.getpid(),
             "started": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
             "command": command if len(command) <= 200 else command[:197] + "..."}
 
@@ -57,9 +93,19 @@ def _read(fd: int) -> dict | None:
     try:
         text = os.pread(fd, 1 << 16, 0).decode("utf-8", "replace")
         record = json.loads(text) if text.strip() else None
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: a record nested thousands deep
         return None
     return record if isinstance(record, dict) else None
+
+
+def _open_lock(directory, path: Path, flags: int) -> int:
+    """A descriptor of the lock file ``path``, never through a symbolic link, never blocking on a FIFO."""
+    try:
+        return open_regular(path, flags, follow=False)
+    except NotRegular as exc:
+        raise DDTrainError(f"--checkpoint-dir {directory}: its lock file {path} {exc}; ddtrain keeps its lock record "
+                           f"only in a regular file of its own and never writes through a link: remove it "
+                           f"(rm -r {path}) and start again") from None
 
 
 def _pid_alive(pid) -> bool:
@@ -79,8 +125,12 @@ def describe(owner: dict) -> str:
 
 
 def _in_use(directory, owner: dict) -> DirectoryInUse:
+    shared = ""
+    if owner.get("run_id") == run_id():   # the same exported DDTRAIN_RUN_ID, another launch (issue 32)
+        shared = (f"; both runs have {RUN_ID_ENV}={run_id()} (exported by a script?), but they are two launches: "
+                  f"give each run its own {RUN_ID_ENV}, or unset it")
     return DirectoryInUse(f"--checkpoint-dir {directory} is in use by {describe(owner)}; wait for that run to end "
-                          f"(or stop it: kill {owner.get('pid', '?')}), or choose another --checkpoint-dir")
+                          f"(or stop it: kill {owner.get('pid', '?')}), or choose another --checkpoint-dir{shared}")
 
 
 def _try_lock(fd: int) -> bool | None:
@@ -95,12 +145,12 @@ def _try_lock(fd: int) -> bool | None:
         return None  # ENOLCK, EOPNOTSUPP (some network filesystems): judge by the recorded pid instead
 
 
-def _holder(path: Path) -> dict | None:
+def _holder(directory, path: Path) -> dict | None:
     """The record of the live process holding ``path`` (None if free). Leaves it free."""
-    if str(path) in _held or not path.exists():
+    if str(path) in _held or not os.path.lexists(path):
         return None
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = _open_lock(directory, path, os.O_RDONLY)
     except OSError:
         return None
     try:
@@ -115,49 +165,53 @@ def _holder(path: Path) -> dict | None:
         os.close(fd)  # closing drops a flock we took only to test
 
 
-def check_free(directory) -> None:
-    """Raise DirectoryInUse naming the owner when a process of another run holds ``directory`` (creates nothing)."""
-    me = run_id()
+def check_free(directory, *, nodes: int = 1) -> None:
+    """Raise DirectoryInUse naming the owner when a process of another run or launch holds ``directory``.
+
+    Creates nothing. ``nodes``: the nodes of this launch (their launchers are one launch).
+    """
+    launch_id(nodes)
     for name in LOCKS.values():
-        owner = _holder(Path(directory) / name)
-        if owner is not None and owner.get("run_id") != me:
+        owner = _holder(directory, Path(directory) / name)
+        if owner is not None and not _ours(owner):
             raise _in_use(directory, owner)
 
 
 def held_by_this_run(directory) -> bool:
     """True when a live process of this run (same DDTRAIN_RUN_ID: another node's launcher) holds ``directory``."""
     me = run_id()
-    return any((owner := _holder(Path(directory) / name)) is not None and owner.get("run_id") == me
+    return any((owner := _holder(directory, Path(directory) / name)) is not None and owner.get("run_id") == me
                for name in LOCKS.values())
 
 
-def claim(directory, role: str) -> dict | None:
+def claim(directory, role: str, *, nodes: int = 1) -> dict | None:
     """Hold ``directory``'s lock for ``role`` ("launcher" or "rank0") until this process ends or ``release``.
 
-    Raises DirectoryInUse naming the owner when a process of another run holds either lock.
-    Returns the record of a previous holder that ended without releasing it (a crashed run,
-    whose lock is taken over), else None.
+    Raises DirectoryInUse naming the owner when a process of another run (or another launch of
+    the same run id) holds either lock; DDTrainError naming the lock file when it is not a
+    regular file of its own (a symbolic link, a FIFO, a folder). Returns the record of a
+    previous holder that ended without releasing it (a crashed run, whose lock is taken over),
+    else None. ``nodes``: the nodes of this launch (``check_free``).
     """
     directory = Path(directory)
-    check_free(directory)
+    check_free(directory, nodes=nodes)
     directory.mkdir(parents=True, exist_ok=True)
-    me = run_id()
     path = directory / LOCKS[role]
     if str(path) in _held:
         return None
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    fd = _open_lock(directory, path, os.O_RDWR | os.O_CREAT)
     got = _try_lock(fd)
     previous = _read(fd)
     if got is False:
         os.close(fd)
-        if previous and previous.get("run_id") == me:
-            return None  # another process of this run holds it (a restart racing its predecessor's exit)
+        if previous and _ours(previous):
+            return None  # another process of this launch holds it (a restart racing its predecessor's exit)
         raise _in_use(directory, previous or {})
     record = json.dumps(_owner_record(role)).encode()
     os.ftruncate(fd, 0)
     os.pwrite(fd, record, 0)
     _held[str(path)] = fd
-    if previous and not previous.get("released") and previous.get("run_id") != me:
+    if previous and not previous.get("released") and not _ours(previous):
         return previous
     return None
 
@@ -181,12 +235,17 @@ def release(directory, role: str) -> None:
 
 # ---- lineage --------------------------------------------------------------------------------
 
+def _small_json(path):
+    """The JSON value of the small regular file ``path``; None when absent, not a regular file, or not JSON."""
+    try:
+        return json.loads(read_regular(path, 1 << 20))
+    except (OSError, ValueError, NotRegular, RecursionError):  # never block on a FIFO put in its place
+        return None
+
+
 def lineage(directory) -> dict | None:
     """The directory's lineage record ({"lineage", "started", "host", "command"}), or None if it has none."""
-    try:
-        record = json.loads((Path(directory) / LINEAGE).read_text())
-    except (OSError, ValueError):
-        return None
+    record = _small_json(Path(directory) / LINEAGE)
     return record if isinstance(record, dict) and isinstance(record.get("lineage"), str) else None
 
 
@@ -234,10 +293,7 @@ def check_lineage(header: dict, directory, path, *, resume_any: bool) -> str | N
 
 def membership(directory) -> list[dict]:
     """The membership changes recorded in ``directory`` (oldest first; [] if none)."""
-    try:
-        entries = json.loads((Path(directory) / MEMBERSHIP).read_text())
-    except (OSError, ValueError):
-        return []
+    entries = _small_json(Path(directory) / MEMBERSHIP)
     return [e for e in entries if isinstance(e, dict)] if isinstance(entries, list) else []
 
 

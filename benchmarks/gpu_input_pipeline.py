@@ -53,12 +53,16 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 # in the order they run: the compiled ddtrain variants first (cold, then warm inductor cache)
-VARIANTS = ("ddtrain-folder-compiled", "ddtrain-packed-compiled", "plain-compiled", "plain-eager",
+VARIANTS = ("ddtrain-folder-compiled", "ddtrain-folder-compiled-cpudec25", "ddtrain-folder-compiled-cpudec50",
+            "ddtrain-packed-compiled", "ddtrain-packed256-compiled", "plain-compiled", "plain-eager",
             "ddtrain-folder-eager", "ddtrain-folder-cpu-eager", "ddtrain-packed-eager", "bench-folder", "bench-packed",
             "compile-tuned-cold", "compile-tuned-warm", "ddtrain-folder-graphs", "ddtrain-packed-graphs")
 # not in the default run (they need ~5 minutes of their own): --compile-options tuned-graphs on GPU-resident
 # synthetic data, twice, from an empty inductor cache and then from the cache the first one filled
-OPTIONAL = ("compile-tuned-cold", "compile-tuned-warm", "ddtrain-folder-graphs", "ddtrain-packed-graphs")
+OPTIONAL = ("compile-tuned-cold", "compile-tuned-warm", "ddtrain-folder-graphs", "ddtrain-packed-graphs",
+            # the loader processes decoding 25 % / 50 % of each batch (--data-arg cpu_decode), and a set packed
+            # at a longer side of 256 (DIR/packed256, made when asked for)
+            "ddtrain-folder-compiled-cpudec25", "ddtrain-folder-compiled-cpudec50", "ddtrain-packed256-compiled")
 
 
 def settings(args) -> dict:
@@ -70,8 +74,15 @@ def settings(args) -> dict:
             "classes": args.classes}
 
 
+def _base(variant: str) -> tuple[str, float | None]:
+    """(the variant without its ``-cpudecNN`` suffix, NN / 100 or None)."""
+    head, _, tail = variant.rpartition("-cpudec")
+    return (head, int(tail) / 100) if head and tail.isdecimal() else (variant, None)
+
+
 def ddtrain_command(variant: str, data: str, s: dict, out: Path) -> list[str]:
     """The ``ddtrain train`` (or ``bench data``) command line of a ddtrain variant."""
+    variant, cpu_decode = _base(variant)
     if variant.startswith("bench-"):
         return [sys.executable, "-m", "ddtrain", "bench", "data", "--data", data, "--data-arg", f"size={s['size']}",
                 "--batch-size", str(s["batch"]), "--loader-workers", str(s["workers"]), "--steps", str(s["steps"]),
@@ -90,6 +101,8 @@ def ddtrain_command(variant: str, data: str, s: dict, out: Path) -> list[str]:
         argv.append("--channels-last")
     if "-cpu-" in variant:
         argv += ["--data-arg", "pipeline=cpu"]
+    if cpu_decode is not None:
+        argv += ["--data-arg", f"cpu_decode={cpu_decode}"]
     if variant.endswith("-compiled"):
         argv.append("--compile")
     if variant.endswith("-graphs"):     # CUDA graphs: the step one launch (--compile-options graphs)
@@ -120,7 +133,8 @@ def run_variant(variant: str, paths: dict, s: dict, work: Path, timeout_s: float
         argv = [sys.executable, str(Path(__file__).resolve()), "--child", variant, "--folder", str(paths["folder"]),
                 "--child-settings", json.dumps(s), "--out", str(out)]
     else:
-        data = f"imagefolder:{paths['folder']}" if "folder" in variant else f"packed:{paths['packed']}"
+        data = (f"imagefolder:{paths['folder']}" if "folder" in variant else
+                f"packed:{paths['packed256']}" if "packed256" in variant else f"packed:{paths['packed']}")
         argv = ddtrain_command(variant, data, s, out)
     start = time.perf_counter()
     try:
@@ -148,7 +162,7 @@ def ratios(results: dict) -> dict:
     for name, r in results.items():
         if name.startswith("compile-"):      # compile times, on synthetic data: nothing to compare with
             continue
-        compiled = name.endswith(("-compiled", "-graphs"))
+        compiled = _base(name)[0].endswith(("-compiled", "-graphs"))
         base = results.get("plain-compiled" if compiled else "plain-eager", {})
         if r.get("ok") and base.get("ok") and base.get("images_per_s"):
             out[name] = r["images_per_s"] / base["images_per_s"]
@@ -207,10 +221,10 @@ def plain_loop(folder: str, s: dict, compiled: bool) -> dict:
 
 # ---------------------------------------------------------------------------- preparing the data
 
-def prepare(root: Path, s: dict, workers: int, env: dict) -> dict:
-    """DIR/jpeg and DIR/packed, made if missing (timed)."""
+def prepare(root: Path, s: dict, workers: int, env: dict, packed256: bool = False) -> dict:
+    """DIR/jpeg and DIR/packed (and DIR/packed256, longer side 256, if asked), made if missing (timed)."""
     folder, packed = root / "jpeg", root / "packed"
-    info = {"folder": folder, "packed": packed}
+    info = {"folder": folder, "packed": packed, "packed256": root / "packed256"}
     if not folder.exists():
         start = time.perf_counter()
         proc = subprocess.run([sys.executable, str(HERE / "make_jpeg_folder.py"), str(folder), "--images",
@@ -228,6 +242,15 @@ def prepare(root: Path, s: dict, workers: int, env: dict) -> dict:
             raise SystemExit(f"ddtrain data pack failed: {proc.stderr[-2000:]}")
         info["packed_seconds"] = time.perf_counter() - start
         print(f"# packed {packed} in {info['packed_seconds']:.1f} s: {proc.stdout.splitlines()[0]}", flush=True)
+    if packed256 and not (root / "packed256" / "manifest.json").exists():
+        start = time.perf_counter()
+        proc = subprocess.run([sys.executable, "-m", "ddtrain", "data", "pack", str(folder), str(root / "packed256"),
+                               "--workers", str(workers), "--max-side", "256"], capture_output=True, text=True, env=env)
+        if proc.returncode:
+            raise SystemExit(f"ddtrain data pack --max-side 256 failed: {proc.stderr[-2000:]}")
+        info["packed256_seconds"] = time.perf_counter() - start
+        print(f"# packed {root / 'packed256'} in {info['packed256_seconds']:.1f} s: {proc.stdout.splitlines()[0]}",
+              flush=True)
     return info
 
 
@@ -266,11 +289,12 @@ def main(argv=None) -> int:
     if args.quick and not args.folder:
         args.prepare = str(root)
     if args.prepare:
-        paths = prepare(root, s, args.workers if not args.quick else 1, env)
+        paths = prepare(root, s, args.workers if not args.quick else 1, env,
+                        packed256=any("packed256" in v for v in args.variants.split(",")))
     else:
         if not (args.folder and args.packed):
             p.error("give --prepare DIR, or --folder and --packed")
-        paths = {"folder": Path(args.folder), "packed": Path(args.packed)}
+        paths = {"folder": Path(args.folder), "packed": Path(args.packed), "packed256": Path(args.packed)}
     work = root / "runs"
     work.mkdir(exist_ok=True)
     import torch

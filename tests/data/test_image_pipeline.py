@@ -20,6 +20,7 @@ from ddtrain.data.images import ImageDataset, ProblemLog
 from ddtrain.data.loading import ShardLoader
 from ddtrain.data.pipeline import BatchPipeline, prefetched
 from ddtrain.data.sharding import ShardSampler
+from ddtrain.errors import DDTrainError
 
 
 def photo(height, width, seed):
@@ -64,6 +65,13 @@ class FakeNvjpeg:
 
     def __init__(self):
         self.calls = []
+
+    @staticmethod
+    def calls_for(ds, order) -> int:
+        """Images a decoder is given for one batch when it takes all its JPEGs (then one by one after a failure)."""
+        decoder = FakeNvjpeg()
+        list(BatchPipeline(ds, torch.device("cpu"), threads=2, decoder=decoder).batches([order]))
+        return sum(decoder.calls)
 
     def __call__(self, tensors, device):
         self.calls.append(len(tensors))
@@ -205,3 +213,41 @@ def test_a_file_that_cannot_be_read_in_a_loader_process_is_skipped_and_named(tmp
     items = read.items(ds)
     assert items[1].action == SKIPPED and "dog_1.jpg" in items[1].file and "cannot be read" in items[1].reason
     assert bytes(items[0][:3]) == b"\xff\xd8\xff" and read.flat.numel() == sum(read.sizes)
+
+
+@pytest.mark.parametrize("fraction", [0.5, 1.0])
+def test_loader_processes_decoding_part_of_each_batch_give_the_same_batches(tmp_path, fraction):
+    """``cpu_decode``: the loader processes decode the first round(fraction x n) plain JPEGs of a batch (Pillow) and
+    the rest go to the GPU decoder (here the stand-in, Pillow too): the batches, labels and every bad file's report
+    are those of the path where the decoder takes them all, and the decoder is given only the others."""
+    from ddtrain.data.pipeline import read_batch
+    ds = _eval_set(hostile_folder(tmp_path))
+    order = [torch.tensor([5, 0, 9, 3]), torch.arange(len(ds)), torch.tensor([11, 2])]
+    ref = list(BatchPipeline(ds, torch.device("cpu"), threads=2, decoder=FakeNvjpeg()).batches(order))
+    decoder = FakeNvjpeg()
+    pipe = BatchPipeline(ds, torch.device("cpu"), threads=2, decoder=decoder, readers=2, cpu_decode=fraction)
+    got = list(pipe.batches(order))
+    assert pipe.describe()["cpu_decode"] == fraction
+    for (x, y, problems), (rx, ry, rproblems) in zip(got, ref, strict=True):
+        assert torch.equal(x, rx) and torch.equal(y, ry)
+        assert sorted(p.line() for p in problems) == sorted(p.line() for p in rproblems)
+    # what one loader process keeps as pixels: the first round(f x n) plain JPEGs, never a bad or unusual file
+    idx = order[1].tolist()
+    read = read_batch(ds, idx, fraction)
+    decoded = [k for k, shape in enumerate(read.shapes) if shape is not None]
+    good = [k for k, i in enumerate(idx) if kind(ds.read(i)) == "jpeg" and not any(
+        bad in ds.files[i] for bad in ("corrupt", "trunc"))]              # plain JPEGs Pillow can decode
+    assert decoded == good[:round(fraction * len(idx))]
+    on_cpu = read.pixels_on(torch.device("cpu"))
+    for k in decoded:
+        assert torch.equal(on_cpu[k], torch.from_numpy(ds.pixels(idx[k]).copy()).permute(2, 0, 1))
+    # the GPU decoder was given only the JPEGs the loader processes left: each batch's, then one by one
+    assert sum(decoder.calls) < sum(FakeNvjpeg.calls_for(ds, o) for o in order)
+
+
+def test_cpu_decode_is_a_fraction_named_when_wrong(tmp_path):
+    root = hostile_folder(tmp_path)
+    assert load_imagefolder(str(root), cpu_decode="0.25").cpu_decode == 0.25
+    for bad, why in (("1.5", "must be from 0 to 1"), ("half", "is not a number")):
+        with pytest.raises(DDTrainError, match=f"imagefolder: option cpu_decode={bad!r} {why}"):
+            load_imagefolder(str(root), cpu_decode=bad)

@@ -24,7 +24,7 @@ import numpy as np
 
 from ddtrain.data.decode import SKIPPED, BadImage, Problem, decode_pillow
 from ddtrain.data.images import ImageDataset, pipeline_option
-from ddtrain.data.transforms import bool_option, int_option
+from ddtrain.data.transforms import bool_option, fraction_option, int_option
 from ddtrain.errors import DDTrainError
 
 EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".ppm", ".pgm", ".tif", ".tiff", ".webp")
@@ -172,7 +172,8 @@ def decode(path: Path):
         raise DDTrainError(f"{path}: {exc}") from None
 
 
-def load_imagefolder(path: str, *, size=224, split: str = "auto", augment=True, normalize=True, pipeline="auto"):
+def load_imagefolder(path: str, *, size=224, split: str = "auto", augment=True, normalize=True, pipeline="auto",
+                     cpu_decode=0):
     """``imagefolder:DIR`` with options:
 
     size       side of the square images the model sees (default 224)
@@ -180,6 +181,8 @@ def load_imagefolder(path: str, *, size=224, split: str = "auto", augment=True, 
     augment    random-resized-crop + flip for training samples (false: eval transform for all)
     normalize  subtract ImageNet's channel means and divide by its stds (default true)
     pipeline   auto, gpu or cpu: where images are decoded and augmented (ddtrain.data.images)
+    cpu_decode 0 to 1: on the GPU path, the fraction of each batch's JPEGs the loader processes decode
+               (the rest nvjpeg decodes on the training GPU; default 0)
     """
     _pillow()
     root = Path(path)
@@ -199,4 +202,5 @@ def load_imagefolder(path: str, *, size=224, split: str = "auto", augment=True, 
                               train=bool_option("augment", augment, fmt="imagefolder"),
                               normalize=bool_option("normalize", normalize, fmt="imagefolder"),
                               pipeline=pipeline_option(pipeline, "imagefolder"),
+                              cpu_decode=fraction_option("cpu_decode", cpu_decode, fmt="imagefolder"),
                               scan_problems=[Problem(p, "empty file (0 bytes)", SKIPPED) for p in empty])

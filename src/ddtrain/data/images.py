@@ -65,6 +65,9 @@ class ImageDataset(Dataset):
     train: bool = True
     normalize: bool = True
     pipeline: str = "auto"
+    # the batched GPU path with loader processes: the fraction of each batch's JPEGs those processes decode
+    # (Pillow) while nvjpeg decodes the rest on the GPU, which the training step shares (ddtrain.data.pipeline)
+    cpu_decode: float = 0.0
     # files found unusable before training (empty files in a folder): reported and counted once
     scan_problems: list[Problem] = field(default_factory=list)
 
@@ -172,7 +175,8 @@ class ImageDataset(Dataset):
         decoder = gpu_decoder() if self.encoded and device.type == "cuda" else None
         if self.pipeline == "auto" and self.encoded and decoder is None:
             return None   # without nvjpeg the per-sample loader processes decode as fast as threads would
-        return BatchPipeline(self, device, threads=threads, decoder=decoder, readers=threads)
+        return BatchPipeline(self, device, threads=threads, decoder=decoder, readers=threads,
+                             cpu_decode=self.cpu_decode if decoder is not None else 0.0)
 
     def describe(self, device: torch.device, threads: int) -> dict:
         """Which path the samples take on ``device`` (for the results record)."""

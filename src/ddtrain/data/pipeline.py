@@ -10,9 +10,11 @@ before it is complete. Per batch:
 
 1. read the samples' bytes (or raw pixels): with loader processes (``--loader-workers N``), a whole
    batch per process into one shared-memory tensor (``read_batch``), so the training process spends
-   no time, and takes no GIL, on file reads; without them, in a thread pool;
-2. decode: JPEGs by one batched nvjpeg call on the device when a GPU decoder is given, the rest
-   (and everything without one) by Pillow in the thread pool, then one host-to-device copy of
+   no time, and takes no GIL, on file reads; without them, in a thread pool. The loader processes
+   also decode the first ``cpu_decode`` fraction of the batch's JPEGs (Pillow) into that tensor,
+   which the DataLoader's pinning thread pins, and the whole tensor reaches the device in one copy;
+2. decode: the other JPEGs by one batched nvjpeg call on the device when a GPU decoder is given, the
+   rest (and everything without one) by Pillow in the thread pool, then one host-to-device copy of
    all their pixels through a pinned buffer;
 3. crop plan on the CPU (``torch.Generator`` seeded once per pipeline from torch's global
    generator, so each rank's augmentation is reproducible), then ``augment.apply`` on the device.
@@ -28,7 +30,7 @@ import numpy as np
 import torch
 
 from ddtrain.data import augment
-from ddtrain.data.decode import ON_CPU, SKIPPED, BadImage, Problem, decode_pillow, split_for_gpu
+from ddtrain.data.decode import ON_CPU, SKIPPED, BadImage, Problem, decode_pillow, kind, split_for_gpu
 
 # batches prepared ahead of the step that uses them: 4 gave 6,148 against depth 2's 6,054 images/s
 # with compiled ResNet-50 on one H200 (results/gpu_input/probe_h200.json)
@@ -39,8 +41,11 @@ class BatchPipeline:
     """Batches of an ``ImageDataset`` made on ``device`` (see the module docstring)."""
 
     def __init__(self, dataset, device: torch.device, *, threads: int = 0, decoder=None, depth: int = PREFETCH_DEPTH,
-                 readers: int = 0):
+                 readers: int = 0, cpu_decode: float = 0.0):
         self.dataset, self.device, self.decoder, self.depth = dataset, torch.device(device), decoder, depth
+        # nvjpeg's share of the GPU is taken from the training step's: the loader processes' idle cores can
+        # decode part of each batch instead (only with loader processes; Pillow, as the CPU path decodes)
+        self.cpu_decode = cpu_decode if readers and dataset.encoded else 0.0
         self.threads = threads or min(16, os.cpu_count() or 1)
         # Loader processes that read whole batches. Measured on one H200 with 16 cores (10,000 JPEGs
         # of 83 kB, batch 256): 16 threads of the training process read 6,348 files/s
@@ -56,7 +61,7 @@ class BatchPipeline:
         return {"pipeline": "gpu" if self.device.type == "cuda" else f"batched on {self.device.type}",
                 "decoder": decoder, "augment": f"batched on {self.device.type} (ddtrain.data.augment)",
                 "threads": self.threads, "reader_processes": self.readers, "prefetch_batches": self.depth,
-                "option": self.dataset.pipeline}
+                "cpu_decode": self.cpu_decode, "option": self.dataset.pipeline}
 
     def batches(self, index_batches):
         if not self.readers:
@@ -65,8 +70,9 @@ class BatchPipeline:
             return
         from torch.utils.data import DataLoader
         lists = [[int(i) for i in idx] for idx in index_batches]
-        loader = DataLoader(_BatchReader(self.dataset), sampler=lists, batch_size=None, num_workers=self.readers,
-                            collate_fn=_as_is, prefetch_factor=2, persistent_workers=False)
+        loader = DataLoader(_BatchReader(self.dataset, self.cpu_decode), sampler=lists, batch_size=None,
+                            num_workers=self.readers, collate_fn=_as_is, prefetch_factor=2, persistent_workers=False,
+                            pin_memory=self.pin)   # ReadBatch.pin_memory: the whole batch pinned off this thread
         # the few images Pillow decodes (not JPEGs) and the pinned copies: a small pool
         with ThreadPoolExecutor(min(4, self.threads), thread_name_prefix="ddtrain-decode") as pool:
             yield from prefetched(iter(loader), lambda got: self.make(got[0], pool, got[1]), self.device, self.depth)
@@ -81,8 +87,11 @@ class BatchPipeline:
         problems: list[Problem] = [x for x in items if isinstance(x, Problem)]
         images: list = [None] * len(idx)
         arrays: dict[int, np.ndarray] = {}
+        if read is not None:   # pixels the loader process read or decoded: views of one copy of its tensor
+            for k, t in read.pixels_on(self.device).items():
+                images[k] = t
         if ds.encoded:
-            pending = [k for k, x in enumerate(items) if not isinstance(x, Problem)]
+            pending = [k for k, x in enumerate(items) if not isinstance(x, Problem) and images[k] is None]
             on_gpu, to_cpu = (split_for_gpu([items[k] for k in pending]) if self.decoder is not None
                               else ([], [(j, None) for j in range(len(pending))]))
             on_gpu = [pending[j] for j in on_gpu]
@@ -101,7 +110,7 @@ class BatchPipeline:
                     if why is not None:
                         problems.append(Problem(ds.name(idx[k]), why, ON_CPU))
         else:
-            arrays = {k: x for k, x in enumerate(items) if not isinstance(x, Problem)}
+            arrays = {k: x for k, x in enumerate(items) if not isinstance(x, Problem) and images[k] is None}
         for k, t in self._upload(arrays, pool).items():
             images[k] = t
         images, labels, problems = fill_skipped(
@@ -174,6 +183,23 @@ class ReadBatch:
     def __init__(self, flat: torch.Tensor, sizes: list[int], shapes: list, unreadable: dict[int, tuple[str, str]]):
         self.flat, self.sizes, self.shapes, self.unreadable = flat, sizes, shapes, unreadable
 
+    def pin_memory(self):
+        """The DataLoader's pinning thread calls this (``pin_memory=True``): one pinned copy of the whole batch."""
+        self.flat = self.flat.pin_memory()
+        return self
+
+    def pixels_on(self, device: torch.device) -> dict[int, torch.Tensor]:
+        """{sample: (3, H, W) uint8 view} of every sample held as pixels, from one copy of the tensor to ``device``."""
+        if not any(shape is not None for shape in self.shapes):
+            return {}
+        flat = self.flat.to(device, non_blocking=self.flat.is_pinned())
+        out, start = {}, 0
+        for k, (size, shape) in enumerate(zip(self.sizes, self.shapes)):
+            if shape is not None and k not in self.unreadable:
+                out[k] = flat[start:start + size].view(shape).permute(2, 0, 1)
+            start += size
+        return out
+
     def items(self, dataset) -> list:
         """Per sample: its bytes (or (H, W, 3) pixels) as a numpy view of the shared tensor, or a Problem."""
         data, out, start = self.flat.numpy(), [], 0
@@ -187,9 +213,11 @@ class ReadBatch:
         return out
 
 
-def read_batch(dataset, idx: list[int]) -> ReadBatch:
-    """Read samples ``idx`` of ``dataset`` (in a loader process) into one ``ReadBatch``."""
+def read_batch(dataset, idx: list[int], cpu_decode: float = 0.0) -> ReadBatch:
+    """Read samples ``idx`` of ``dataset`` (in a loader process) into one ``ReadBatch``; the first
+    ``round(cpu_decode * len(idx))`` plain JPEGs are decoded here (Pillow), the rest stay bytes."""
     parts, sizes, shapes, unreadable = [], [], [], {}
+    to_decode = round(cpu_decode * len(idx)) if dataset.encoded else 0
     for k, i in enumerate(idx):
         try:
             item = np.asarray(dataset.read(i), dtype=np.uint8)
@@ -198,9 +226,16 @@ def read_batch(dataset, idx: list[int]) -> ReadBatch:
             sizes.append(0)
             shapes.append(None)
             continue
+        shape = None if dataset.encoded else tuple(item.shape)
+        if to_decode and kind(item) == "jpeg":   # anything else keeps its bytes: the training process routes it
+            try:
+                item = decode_pillow(item)
+                shape, to_decode = item.shape, to_decode - 1
+            except BadImage:                      # nvjpeg, then Pillow again there, name its problem
+                pass
         parts.append(item.reshape(-1))
         sizes.append(item.size)
-        shapes.append(None if dataset.encoded else tuple(item.shape))
+        shapes.append(shape)
     flat = torch.from_numpy(np.concatenate(parts) if parts else np.empty(0, np.uint8))
     return ReadBatch(flat, sizes, shapes, unreadable)
 
@@ -208,11 +243,11 @@ def read_batch(dataset, idx: list[int]) -> ReadBatch:
 class _BatchReader:
     """What the loader processes run: a batch of indices in, its ``ReadBatch`` out (picklable)."""
 
-    def __init__(self, dataset):
-        self.dataset = dataset
+    def __init__(self, dataset, cpu_decode: float = 0.0):
+        self.dataset, self.cpu_decode = dataset, cpu_decode
 
     def __getitem__(self, idx):
-        return list(idx), read_batch(self.dataset, idx)
+        return list(idx), read_batch(self.dataset, idx, self.cpu_decode)
 
     def __len__(self):
         return len(self.dataset)

@@ -142,6 +142,17 @@ def int_option(name: str, value, *, minimum: int = 1, fmt: str = "data") -> int:
     return number
 
 
+def fraction_option(name: str, value, *, fmt: str = "data") -> float:
+    """A number from 0 to 1 (it may arrive as a string from the command line), checked."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise DDTrainError(f"{fmt}: option {name}={value!r} is not a number") from None
+    if not 0.0 <= number <= 1.0:
+        raise DDTrainError(f"{fmt}: option {name}={value!r} must be from 0 to 1")
+    return number
+
+
 def bool_option(name: str, value, *, fmt: str = "data") -> bool:
     """A yes/no option; accepts bools and the strings true/false/yes/no/1/0."""
     if isinstance(value, bool):

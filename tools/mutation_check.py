@@ -215,8 +215,8 @@ ISSUE_31 = [
              ["tests/sync/test_ps_dropin.py::test_ps_async_counts_workers_follows_the_workers_lr_and_serves_two_models"]),
     Mutation("released-lock-taken-over", "a released checkpoint-directory lock is reported as a crashed run's",
              "src/ddtrain/reliability/ownership.py",
-             '    if previous and not previous.get("released") and previous.get("run_id") != me:',
-             '    if previous and previous.get("run_id") != me:',
+             '    if previous and not previous.get("released") and not _ours(previous):',
+             '    if previous and not _ours(previous):',
              ["tests/reliability/test_ownership.py::test_a_released_lock_is_free_and_not_reported_as_a_crashed_runs"]),
     Mutation("watchdog-clock-never-restarts", "the progress watchdog never restarts its clock: long healthy jobs "
              "are killed as stalled", "src/ddtrain/reliability/watchdog.py",

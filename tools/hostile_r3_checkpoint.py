@@ -166,8 +166,12 @@ try:
         if "Traceback" in r.stderr:
             print(r.stderr, file=sys.stderr)
 finally:
-    train.kill()
-    train.wait()
+    train.terminate()   # a clean stop: a SIGKILLed launcher leaves its folders to the next launch's sweep
+    try:
+        train.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        train.kill()
+        train.wait()
 print(f"checkpoint info polled {polls} times during rotation: damaged: {damaged}, gone while read: {gone}")
 sys.exit(0 if polls and not damaged else 1)
 """

@@ -148,7 +148,9 @@ def leftovers(T: Path, output: str = "") -> tuple[list[int], list[str]]:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
         from ddtrain.distributed.processes import sweep_folders
         sweep_folders(str(tmp))
-    folders = [str(p) for p in tmp.glob("ddtrain-*")] if tmp.is_dir() else []
+    # a failed job's folder named in its message is kept on purpose (the newest 10, 7 days: sweep_folders); the
+    # cases share T/tmp, so an earlier case's kept folder is no leak of a later one
+    folders = [str(p) for p in tmp.glob("ddtrain-*") if not (p / ".ddtrain-kept").exists()] if tmp.is_dir() else []
     return procs, [f for f in folders if f not in output]
 
 

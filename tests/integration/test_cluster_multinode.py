@@ -65,6 +65,7 @@ def _on_every_node(cluster, argv_of, timeout=300, **env):
     return outputs
 
 
+@pytest.mark.slow  # 23 s with its cluster start here (--durations, 2026-11-28): keeps the default tier under 10 min
 def test_torchrun_on_2_nodes_trains_like_nproc_4_on_one(reference, tmp_path):
     with emulated_cluster(2, "1gbit") as cluster:
         result = run_in_cluster(cluster, ["ddtrain", *TRAIN, "--save", str(tmp_path / "model.pt")], procs_per_node=2,
@@ -73,6 +74,7 @@ def test_torchrun_on_2_nodes_trains_like_nproc_4_on_one(reference, tmp_path):
     assert_same_parameters(reference, torch.load(tmp_path / "model.pt"), rtol=1e-6)
 
 
+@pytest.mark.slow  # 11 s here (--durations, 2026-11-28): keeps the default tier under 10 min
 def test_ddtrain_train_nnodes_2_trains_like_nproc_4_on_one(reference, tmp_path):
     with emulated_cluster(2, "1gbit") as cluster:
         _on_every_node(cluster, lambda node: [
@@ -95,6 +97,7 @@ def _mpi_across_nodes(kind: str, agent: str, argv: list[str], folder) -> list[st
 
 
 @pytest.mark.parametrize("kind", ["mpich", "openmpi"])
+@pytest.mark.slow  # 9-10 s each here (--durations, 2026-11-28): keeps the default tier under 10 min
 def test_mpi_host_lists_across_2_nodes_train_like_nproc_4_on_one(kind, reference, tmp_path):
     launcher = {"mpich": "mpiexec.mpich", "openmpi": "mpirun.openmpi"}[kind]
     if shutil.which(launcher) is None:

@@ -82,6 +82,7 @@ def reference(tmp_path_factory):
     return {"train": torch.load(folder / "train.pt"), "minimal": torch.load(folder / "minimal.pt")}
 
 
+@pytest.mark.slow  # 35 s with its SLURM start here (--durations, 2026-11-28): keeps the default tier under 10 min
 def test_srun_on_2_nodes_trains_like_nproc_4_on_one(slurm_cluster, reference, tmp_path):
     _run(slurm_cluster, ["srun", "-N", "2", "--ntasks-per-node", "2", sys.executable, "-m", "ddtrain", *TRAIN,
                          "--save", str(tmp_path / "train.pt"), "--out", str(tmp_path / "run.json")], tmp_path)

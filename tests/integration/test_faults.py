@@ -42,6 +42,7 @@ def reference_on_rank():
     return {k: v.clone() for k, v in model.state_dict().items()}
 
 
+@pytest.mark.slow  # 14 s here (--durations, 2026-11-28): keeps the default tier under 10 min
 def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_path):
     # 23 steps an epoch; rank 1 is SIGKILLed as step 30 starts; checkpoints every 8 steps
     saved, out = tmp_path / "model.pt", tmp_path / "run.json"
@@ -64,6 +65,7 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_as_if_uninterrupted(tmp_p
     assert all(torch.equal(final[k], reference[k]) for k in final)  # bit for bit
 
 
+@pytest.mark.slow  # 11 s here (--durations, 2026-11-28): keeps the default tier under 10 min
 def test_a_rank_that_skips_a_collective_is_named_within_the_deadline():
     deadline = 5
     code, lines, took = run_skip_fault(2, 1, deadline)

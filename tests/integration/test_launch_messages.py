@@ -20,6 +20,7 @@ def run(*args, timeout=180, **extra):
                           timeout=timeout)
 
 
+@pytest.mark.slow  # 10 s here (--durations, 2026-11-28): keeps the default tier under 10 min
 def test_a_failed_worker_is_one_line_naming_it_and_its_log_file(tmp_path):
     # today: the worker's line, then the launcher's "worker rank 2 failed ... (its message is above)"
     result = run(*TRAIN, "--nproc", "3", DDTRAIN_FAULT="rank=2,step=3,kind=raise", DDTRAIN_LOG_DIR=str(tmp_path))

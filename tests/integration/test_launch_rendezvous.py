@@ -8,6 +8,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from helpers import assert_one_clear_error
 
 TRAIN = ["train", "--model", "mlp", "--data", "digits", "--steps", "3", "--batch-size", "32", "--quiet"]
@@ -39,6 +41,7 @@ def finish(proc, limit):
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err), time.monotonic() - start
 
 
+@pytest.mark.slow  # 12 s here (--durations, 2026-11-28): keeps the default tier under 10 min
 def test_a_master_port_held_by_another_program_is_named_on_every_rank_within_the_deadline():
     # today: rank 0 fails in 2 s, rank 1 talks to the other program and waits 400 s
     holder = socket.socket()

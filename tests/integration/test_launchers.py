@@ -70,6 +70,7 @@ def reference(tmp_path_factory):
 
 
 @pytest.mark.parametrize("kind", [pytest.param("mpich", marks=needs_mpich), pytest.param("openmpi", marks=needs_openmpi)])
+@pytest.mark.slow  # 7-23 s each here (--durations, 2026-11-28): keeps the default tier under 10 min
 def test_mpi_launchers_train_to_the_parameters_of_a_local_launch(kind, reference, tmp_path):
     (tmp_path / "wrap.py").write_text(WRAPPER)
     done = _run(mpi_command(kind, 2, ["wrap.py", "minimal.pt", str(REPO / "examples" / "minimal.py"), "--epochs", "1"],

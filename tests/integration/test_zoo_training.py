@@ -38,6 +38,7 @@ def brain_unet_losses(brain_dir):
     return [e["val_loss"] for e in record["epochs"]]
 
 
+@pytest.mark.slow  # 13 s here (--durations, 2026-11-28): keeps the default tier under 10 min
 def test_two_ranks_learn_t1_from_tissue_maps_of_the_real_mni152_brain(brain_dir):
     """Document 000's brain pipeline end to end: validation loss falls at least 50% (acceptance 3)."""
     losses = run_ranks(brain_unet_losses, 2, str(brain_dir), timeout_s=400)

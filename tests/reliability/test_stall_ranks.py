@@ -44,6 +44,7 @@ def one_skips_one_freezes(skipper: int, frozen: int, timeout_s: float):
         comm.all_reduce(torch.ones(1000), "ring", timeout_s=timeout_s)
 
 
+@pytest.mark.slow  # 10 s here (--durations, 2026-11-28): keeps the default tier under 10 min
 def test_the_skipping_and_the_frozen_rank_are_named_and_their_waiting_peers_are_not():
     timeout_s = 7.0       # longer than the 5 s after which a mark counts as stale
     with pytest.raises(RankError) as caught:
@@ -58,6 +59,7 @@ def test_the_skipping_and_the_frozen_rank_are_named_and_their_waiting_peers_are_
         assert re.search(r"rank 1 \(silent for \d+ s; last at step 7: ring all-reduce", message), message
 
 
+@pytest.mark.slow  # 15 s here (--durations, 2026-11-28): keeps the default tier under 10 min
 def test_ddtrain_train_on_3_ranks_names_only_the_rank_the_fault_made_skip():
     env = {**os.environ, "OMP_NUM_THREADS": "1", "DDTRAIN_FAULT": "rank=1,step=3,kind=skip"}
     env.pop("RANK", None)

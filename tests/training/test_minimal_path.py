@@ -2,6 +2,8 @@
 import os
 import subprocess
 import sys
+
+import pytest
 from helpers import REPO
 
 SCRIPT = REPO / "examples" / "minimal.py"
@@ -12,6 +14,7 @@ def _run(cmd):
     return subprocess.run(cmd, capture_output=True, text=True, timeout=240, env={**env, "OMP_NUM_THREADS": "1"})
 
 
+@pytest.mark.slow  # 10 s here (--durations, 2026-11-28): keeps the default tier under 10 min
 def test_one_process_and_torchrun_run_the_same_script():
     single = _run([sys.executable, str(SCRIPT), "--epochs", "1"])
     assert single.returncode == 0, single.stderr

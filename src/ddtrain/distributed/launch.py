@@ -338,17 +338,23 @@ class _Job:
         from ddtrain.distributed.processes import TOKEN_ENV, describe, end_job
         self.signals = max(self.signals, self.watch.count)
         self.watch.close()
-        for owner, name, value in reversed(self._restore):
-            if owner is signal:
-                signal.signal(name, value if value is not None else signal.SIG_DFL)
-            else:
-                setattr(owner, name, value)
-        self._restore = []
+        self._restore = put_back(self._restore)
         left = end_job(self.token, self.sessions)   # a script's children, a rank's helpers: none outlives the job
         os.environ.pop(TOKEN_ENV, None)
         if left and succeeded:
             print(f"ddtrain: note: the job's workers left {len(left)} process(es) running ({describe(left)}); "
                   f"stopped them with the job", file=sys.stderr, flush=True)
+
+
+def put_back(saved: list) -> list:
+    """Undo what a launcher patched, newest first: ``(signal, number, handler)`` for a signal handler (None: the
+    default), ``(object, attribute, value)`` for an attribute of torch's; the empty list, to keep in its place."""
+    for owner, name, value in reversed(saved):
+        if owner is signal:
+            signal.signal(name, value if value is not None else signal.SIG_DFL)
+        else:
+            setattr(owner, name, value)
+    return []
 
 
 class _StopSignals:
@@ -396,12 +402,7 @@ class _StopSignals:
             self._saved.append((signal, number, signal.signal(number, handler)))
 
     def close(self) -> None:
-        for owner, name, value in reversed(self._saved):
-            if owner is signal:
-                signal.signal(name, value if value is not None else signal.SIG_DFL)
-            else:
-                setattr(owner, name, value)
-        self._saved = []
+        self._saved = put_back(self._saved)
         for name in (PREEMPT_REPORT_ENV, PREEMPT_SIGNAL_ENV):
             os.environ.pop(name, None)
         shutil.rmtree(self.folder, ignore_errors=True)

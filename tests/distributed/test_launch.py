@@ -81,22 +81,27 @@ time.sleep(60)
 """
 
 
+def gone_within(pid: int, seconds: float) -> bool:
+    """Whether process ``pid`` exits (gone, or a zombie) within ``seconds``."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            state = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            return True
+        if state == "Z":
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def test_a_worker_dies_with_its_launcher_even_when_the_launcher_is_sigkilled():
     launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, WORKER], stdout=subprocess.PIPE, text=True)
     try:
         worker = int(launcher.stdout.readline())
         launcher.send_signal(signal.SIGKILL)
         launcher.wait(timeout=10)
-        end = time.monotonic() + 5
-        while time.monotonic() < end:
-            try:
-                state = open(f"/proc/{worker}/stat").read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                break
-            if state == "Z":
-                break
-            time.sleep(0.05)
-        else:
+        if not gone_within(worker, 5):
             os.kill(worker, signal.SIGKILL)
             raise AssertionError("the worker outlived its launcher by 5 s")
     finally:
@@ -133,16 +138,7 @@ def test_a_worker_whose_launcher_died_before_the_tie_exits_though_the_launcher_i
     worker = int(launcher.stdout.readline())
     try:
         launcher.send_signal(signal.SIGKILL)   # and not reaped until the end: a zombie meanwhile
-        end = time.monotonic() + 20
-        while time.monotonic() < end:
-            try:
-                state = open(f"/proc/{worker}/stat").read().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                break
-            if state == "Z":
-                break
-            time.sleep(0.05)
-        else:
+        if not gone_within(worker, 20):
             raise AssertionError("the worker outlived its launcher by 20 s")
     finally:
         try:

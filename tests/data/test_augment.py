@@ -202,3 +202,32 @@ def test_the_gpus_float16_resampling_stays_within_a_grey_level_of_pillow(monkeyp
         if plan.flip[k]:
             reference = reference[:, ::-1]
         _assert_close_to_pillow(out[k].permute(1, 2, 0).numpy() * 255, reference, f"float16, image {a.shape}")
+
+
+def test_regions_gathers_each_crop_from_every_memory_layout():
+    """The one-gather region copy (augment.regions) equals a slice per image, whatever the images' layout.
+
+    The batch mixes nvjpeg's contiguous CHW tensors, the loader's HWC views (permuted, several sharing one
+    buffer at offsets) and a strided view that is no permutation of contiguous memory. Pins the index
+    arithmetic: a stride taken from the wrong dimension, the crop's top/left offset dropped, or one image's
+    base offset used for another, each puts the wrong pixels here. Past a region's own size only the
+    (zero-weighted) repeat of its last row and column may differ from zero padding.
+    """
+    g = torch.Generator().manual_seed(7)
+    shapes = [(37, 53), (53, 37), (1, 1), (20, 21), (31, 17)]
+    shared = torch.randint(0, 256, (sum(h * w * 3 for h, w in shapes[:2]),), dtype=torch.uint8, generator=g)
+    images = [shared[:37 * 53 * 3].view(37, 53, 3).permute(2, 0, 1),             # HWC views of one buffer
+              shared[37 * 53 * 3:].view(53, 37, 3).permute(2, 0, 1),
+              torch.randint(0, 256, (3, 1, 1), dtype=torch.uint8, generator=g),    # contiguous CHW
+              torch.randint(0, 256, (3, 20, 21), dtype=torch.uint8, generator=g),
+              torch.randint(0, 256, (3, 31, 34), dtype=torch.uint8, generator=g)[:, :, ::2]]   # strided
+    plan = augment.train_plan(torch.tensor([h for h, _ in shapes]), torch.tensor([w for _, w in shapes]), 16,
+                              torch.Generator().manual_seed(1))
+    chunk = [4, 0, 2, 3, 1]                                                     # not the batch's order
+    hp, wp = max(int(plan.rows.length[k]) for k in chunk), max(int(plan.cols.length[k]) for k in chunk)
+    got = augment.regions(images, plan, chunk, hp, wp)
+    assert got.shape == (5, 3, hp, wp) and got.dtype == torch.uint8
+    for slot, k in enumerate(chunk):
+        top, left = int(plan.rows.start[k]), int(plan.cols.start[k])
+        h, w = int(plan.rows.length[k]), int(plan.cols.length[k])
+        assert torch.equal(got[slot, :, :h, :w], images[k][:, top:top + h, left:left + w]), f"image {k}"

@@ -24,6 +24,8 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--batches", type=int, default=12)
     p.add_argument("--out", required=True)
+    p.add_argument("--kernels", action="store_true",
+                   help="also the GPU kernels of nvjpeg and the augmentation (torch.profiler), by CUDA time")
     args = p.parse_args()
     import torch
 
@@ -79,6 +81,14 @@ def main() -> int:
     text = io.StringIO()
     pstats.Stats(prof, stream=text).sort_stats("tottime").print_stats(25)
     lines.append(text.getvalue())
+    if args.kernels:
+        from torch.profiler import ProfilerActivity, profile
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as kernels:
+            for i, r in timed:
+                pipe.make(i, pool, r)
+            torch.cuda.synchronize()
+        lines.append(f"# GPU kernels of make() over {n} batches (torch.profiler), by CUDA time")
+        lines.append(kernels.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=60))
     out = "\n".join(lines)
     print(out)
     with open(args.out, "w") as f:

@@ -226,8 +226,8 @@ def test_regions_gathers_each_crop_from_every_memory_layout():
     chunk = [4, 0, 2, 3, 1]                                                     # not the batch's order
     hp, wp = max(int(plan.rows.length[k]) for k in chunk), max(int(plan.cols.length[k]) for k in chunk)
     got = augment.regions(images, plan, chunk, hp, wp)
-    assert got.shape == (5, 3, hp, wp) and got.dtype == torch.uint8
+    assert got.shape == (5, hp, 3, wp) and got.dtype == torch.uint8
     for slot, k in enumerate(chunk):
         top, left = int(plan.rows.start[k]), int(plan.cols.start[k])
         h, w = int(plan.rows.length[k]), int(plan.cols.length[k])
-        assert torch.equal(got[slot, :, :h, :w], images[k][:, top:top + h, left:left + w]), f"image {k}"
+        assert torch.equal(got[slot, :h, :, :w].permute(1, 0, 2), images[k][:, top:top + h, left:left + w]), f"{k}"

@@ -121,22 +121,26 @@ def _eval_axis(length: torch.Tensor, resized: torch.Tensor, size: int) -> Axis:
     return Axis(start, stop - start, -start.double(), step, offset)
 
 
-def weights(params: torch.Tensor, size: int, padded: int, dtype=torch.float32) -> torch.Tensor:
+def weights(params: torch.Tensor, size: int, padded: int, dtype=torch.float32,
+            flip: torch.Tensor | None = None) -> torch.Tensor:
     """(N, size, padded) antialiased bilinear weights of each output pixel over its region's pixels.
 
     ``params`` is (N, 4) float64 on the device: an ``Axis``'s (src0, step, offset, length) per image.
+    ``flip`` (N,) bool: those images' output pixels in reverse order (a horizontal flip, on the column axis).
     """
     device = params.device
     src0, step, offset, length = params.unbind(1)
-    i = torch.arange(size, device=device, dtype=torch.float64)
+    i = torch.arange(size, device=device, dtype=torch.float64)[None, :]
+    if flip is not None:     # output i of a flipped image is output size-1-i of the unflipped one
+        i = torch.where(flip[:, None], size - 1 - i, i)
     # the centres in float64 (N x size numbers), the (N, size, padded) weights in float32: half the memory,
     # and positions of a few thousand pixels keep ~1e-4 pixel of precision
-    centre = (src0[:, None] + (i[None, :] + offset[:, None] + 0.5) * step[:, None]).to(dtype)   # (N, size)
-    j = torch.arange(padded, device=device, dtype=dtype) + 0.5
-    inverse = (1 / step.clamp(min=1.0)).to(dtype)[:, None, None]                               # the filter's width
+    centre = (src0[:, None] + (i + offset[:, None] + 0.5) * step[:, None]).to(torch.float32)   # (N, size)
+    j = torch.arange(padded, device=device, dtype=torch.float32) + 0.5
+    inverse = (1 / step.clamp(min=1.0)).to(torch.float32)[:, None, None]                      # the filter's width
     w = (1 - (j[None, None, :] - centre[..., None]).abs_().mul_(inverse)).clamp_(min=0)       # triangle filter
-    w.mul_(j[None, None, :] < length.to(dtype)[:, None, None])                                  # only the region
-    return w.div_(w.sum(-1, keepdim=True).clamp_(min=1e-12))                                   # renormalised at edges
+    w.mul_(j[None, None, :] < length.to(torch.float32)[:, None, None])                         # only the region
+    return w.div_(w.sum(-1, keepdim=True).clamp_(min=1e-12)).to(dtype)                         # renormalised at edges
 
 
 def apply(images: list[torch.Tensor], plan: Plan, size: int, *, normalize: bool = True,
@@ -158,7 +162,11 @@ def apply(images: list[torch.Tensor], plan: Plan, size: int, *, normalize: bool 
     per_image = torch.stack([torch.stack([a.src0, a.step, a.offset, a.length.double()], 1)
                              for a in (plan.rows, plan.cols)] + [plan.flip.double()[:, None].expand(n, 4)])
     per_image = _to(per_image[:, order], device)                        # (3, N, 4), in chunk order
-    resampled = torch.empty_like(out)
+    # normalisation and the way back to the batch's order, fused into one kernel each per chunk
+    scale = [1 / 255 / std[c] if normalize else 1 / 255 for c in range(3)]
+    shift = [-mean[c] / std[c] if normalize else 0.0 for c in range(3)]
+    affine = _to(torch.tensor([scale, shift], dtype=torch.float32).view(2, 1, 3, 1, 1), device)
+    back = _to(torch.tensor(order), device)
     start = 0
     while start < n:
         stop, hp, wp = start, 0, 0
@@ -168,12 +176,9 @@ def apply(images: list[torch.Tensor], plan: Plan, size: int, *, normalize: bool 
             if stop > start and (stop - start + 1) * 3 * h2 * w2 * 4 > budget:
                 break
             hp, wp, stop = h2, w2, stop + 1
-        resampled[start:stop] = _resample(images, plan, order[start:stop], per_image[:, start:stop], size, hp, wp)
+        chunk = _resample(images, plan, order[start:stop], per_image[:, start:stop], size, hp, wp)   # (n, y, c, x)
+        out.index_copy_(0, back[start:stop], torch.addcmul(affine[1], chunk.permute(0, 2, 1, 3), affine[0]))
         start = stop
-    out[_to(torch.tensor(order), device)] = resampled                   # back to the batch's order
-    for c in range(3):       # scalar ops per channel: no small tensor copied to the device
-        a, b = (1 / 255 / std[c], -mean[c] / std[c]) if normalize else (1 / 255, 0.0)
-        out[:, c].mul_(a).add_(b)
     return out
 
 
@@ -191,21 +196,29 @@ REGION_DTYPE = {"cuda": torch.float16}
 
 
 def _resample(images, plan: Plan, chunk: list[int], params: torch.Tensor, size: int, hp: int, wp: int):
+    """(n, size, 3, size): the chunk's images resampled, rows x channels x columns (``apply`` reorders them).
+
+    The channels sit between rows and columns so that both products are plain batched matrix products
+    of contiguous tensors: with channels first, ``wy`` broadcast over them was copied 3 times per chunk
+    (an ``elementwise_kernel`` clone of 0.6 ms per batch, results/gpu_input/pipeline_profile_gather.txt).
+    """
     device = images[chunk[0]].device
     dtype = REGION_DTYPE.get(device.type, torch.float32)
-    region = regions(images, plan, chunk, hp, wp).to(dtype)
-    wy = weights(params[0], size, hp).to(dtype)                           # (n, size, hp)
-    wx = weights(params[1], size, wp).to(dtype)                           # (n, size, wp)
-    flip = params[2, :, 0] > 0.5
-    wx = torch.where(flip[:, None, None], wx.flip(1), wx)                # a flip reverses the output columns
+    n = len(chunk)
+    region = regions(images, plan, chunk, hp, wp).to(dtype)             # (n, hp, 3, wp)
+    wy = weights(params[0], size, hp, dtype)                             # (n, size, hp)
+    wxt = weights(params[1], size, wp, dtype, flip=params[2, :, 0] > 0.5).transpose(1, 2)   # (n, wp, size)
     # contract the longer input axis first: fewer multiply-adds
     if hp >= wp:
-        return ((wy[:, None] @ region) @ wx[:, None].transpose(-1, -2)).float()
-    return (wy[:, None] @ (region @ wx[:, None].transpose(-1, -2))).float()
+        rows = wy @ region.view(n, hp, 3 * wp)                           # (n, size, 3 * wp)
+        return (rows.view(n, size * 3, wp) @ wxt).view(n, size, 3, size)
+    cols = region.view(n, hp * 3, wp) @ wxt                              # (n, hp * 3, size)
+    return (wy @ cols.view(n, hp, 3 * size)).view(n, size, 3, size)
 
 
 def regions(images, plan: Plan, chunk: list[int], hp: int, wp: int) -> torch.Tensor:
-    """(len(chunk), 3, hp, wp) uint8: each image's crop region, top-left aligned, by one gather for the whole chunk.
+    """(len(chunk), hp, 3, wp) uint8: each image's crop region (rows, channels, columns), top-left aligned, by one
+    gather for the whole chunk.
 
     A slice copy per image cost a Python call and a kernel launch each (256 per batch, ~4 ms of the
     producer thread's time per batch under cProfile, results/gpu_input/pipeline_profile.txt). Here the
@@ -230,10 +243,10 @@ def regions(images, plan: Plan, chunk: list[int], hp: int, wp: int) -> torch.Ten
     memory = torch.cat(parts) if len(parts) > 1 else parts[0]
     p = _to(torch.tensor(rows, dtype=torch.int64), device)              # (n, 8)
     start, sc, sy, sx = (p[:, j, None, None, None] for j in range(4))
-    y = torch.arange(hp, device=device)[None, None, :, None]
+    y = torch.arange(hp, device=device)[None, :, None, None]
     x = torch.arange(wp, device=device)[None, None, None, :]
-    y = torch.minimum(y, p[:, 5, None, None, None] - 1) + p[:, 4, None, None, None]    # (n, 1, hp, 1)
+    y = torch.minimum(y, p[:, 5, None, None, None] - 1) + p[:, 4, None, None, None]    # (n, hp, 1, 1)
     x = torch.minimum(x, p[:, 7, None, None, None] - 1) + p[:, 6, None, None, None]    # (n, 1, 1, wp)
-    c = torch.arange(3, device=device)[None, :, None, None]
-    index = (start + c * sc + y * sy) + x * sx                           # (n, 3, hp, wp)
+    c = torch.arange(3, device=device)[None, None, :, None]
+    index = (start + y * sy + c * sc) + x * sx                           # (n, hp, 3, wp)
     return memory.take(index)

@@ -56,10 +56,13 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 VARIANTS = ("ddtrain-folder-compiled", "ddtrain-folder-compiled-cpudec25", "ddtrain-folder-compiled-cpudec50",
             "ddtrain-packed-compiled", "ddtrain-packed256-compiled", "plain-compiled", "plain-eager",
             "ddtrain-folder-eager", "ddtrain-folder-cpu-eager", "ddtrain-packed-eager", "bench-folder", "bench-packed",
-            "compile-tuned-cold", "compile-tuned-warm", "ddtrain-folder-graphs", "ddtrain-packed-graphs")
+            "compile-tuned-cold", "compile-tuned-warm", "ddtrain-folder-graphs", "ddtrain-packed-graphs",
+            "ddtrain-synthetic-compiled")
 # not in the default run (they need ~5 minutes of their own): --compile-options tuned-graphs on GPU-resident
 # synthetic data, twice, from an empty inductor cache and then from the cache the first one filled
 OPTIONAL = ("compile-tuned-cold", "compile-tuned-warm", "ddtrain-folder-graphs", "ddtrain-packed-graphs",
+            # the ceiling: the same ddtrain step on data generated on the GPU (no input pipeline at all)
+            "ddtrain-synthetic-compiled",
             # the loader processes decoding 25 % / 50 % of each batch (--data-arg cpu_decode), and a set packed
             # at a longer side of 256 (DIR/packed256, made when asked for)
             "ddtrain-folder-compiled-cpudec25", "ddtrain-folder-compiled-cpudec50", "ddtrain-packed256-compiled")
@@ -93,8 +96,12 @@ def ddtrain_command(variant: str, data: str, s: dict, out: Path) -> list[str]:
                 "--batch-size", str(s["batch"]), "--steps", str(s["warmup"] + s["steps"]), "--val-fraction", "0",
                 "--lr", "0.1", "--amp", s["amp"], "--compile", "--compile-options", "tuned-graphs", "--profile",
                 "--out", str(out), *(["--channels-last"] if s["channels_last"] else [])]
+    if data.startswith("synthetic:"):   # generated on the device, batch by batch: no size, no loader processes
+        reads = ["--data-arg", f"samples={s['batch'] * (s['warmup'] + s['steps'] + 1)}", "--data-arg", "lazy=true"]
+    else:
+        reads = ["--data-arg", f"size={s['size']}", "--loader-workers", str(s["workers"])]
     argv = [sys.executable, "-m", "ddtrain", "train", "--model", s["model"], "--data", data,
-            "--data-arg", f"size={s['size']}", "--batch-size", str(s["batch"]), "--loader-workers", str(s["workers"]),
+            *reads, "--batch-size", str(s["batch"]),
             "--steps", str(s["warmup"] + s["steps"]), "--val-fraction", "0", "--lr", "0.1", "--amp", s["amp"],
             "--profile", "--profile-warmup-steps", str(s["warmup"]), "--out", str(out)]
     if s["channels_last"]:
@@ -133,7 +140,8 @@ def run_variant(variant: str, paths: dict, s: dict, work: Path, timeout_s: float
         argv = [sys.executable, str(Path(__file__).resolve()), "--child", variant, "--folder", str(paths["folder"]),
                 "--child-settings", json.dumps(s), "--out", str(out)]
     else:
-        data = (f"imagefolder:{paths['folder']}" if "folder" in variant else
+        synthetic = "synthetic:imagenet" if s["size"] == 224 else "synthetic:cifar10"
+        data = (synthetic if "synthetic" in variant else f"imagefolder:{paths['folder']}" if "folder" in variant else
                 f"packed:{paths['packed256']}" if "packed256" in variant else f"packed:{paths['packed']}")
         argv = ddtrain_command(variant, data, s, out)
     start = time.perf_counter()

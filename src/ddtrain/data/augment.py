@@ -249,7 +249,7 @@ def regions(images, plan: Plan, chunk: list[int], hp: int, wp: int) -> torch.Ten
         rows.append((base, *t.stride(), r0[k], rl[k], c0[k], cl[k]))
         base += t.numel()
     memory = torch.cat(parts) if len(parts) > 1 else parts[0]
-    p = _to(torch.tensor(rows, dtype=torch.int64), device)              # (n, 8)
+    p = _to(torch.from_numpy(np.array(rows, dtype=np.int64)), device)  # (n, 8); torch.tensor(rows) took 2.7 ms
     start, sc, sy, sx = (p[:, j, None, None, None] for j in range(4))
     y = torch.arange(hp, device=device)[None, :, None, None]
     x = torch.arange(wp, device=device)[None, None, None, :]

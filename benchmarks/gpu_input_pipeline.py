@@ -57,12 +57,15 @@ VARIANTS = ("ddtrain-folder-compiled", "ddtrain-folder-compiled-cpudec25", "ddtr
             "ddtrain-packed-compiled", "ddtrain-packed256-compiled", "plain-compiled", "plain-eager",
             "ddtrain-folder-eager", "ddtrain-folder-cpu-eager", "ddtrain-packed-eager", "bench-folder", "bench-packed",
             "compile-tuned-cold", "compile-tuned-warm", "ddtrain-folder-graphs", "ddtrain-packed-graphs",
-            "ddtrain-synthetic-compiled")
+            "ddtrain-synthetic-compiled", "ddtrain-folder-compiled-omp1")
 # not in the default run (they need ~5 minutes of their own): --compile-options tuned-graphs on GPU-resident
 # synthetic data, twice, from an empty inductor cache and then from the cache the first one filled
 OPTIONAL = ("compile-tuned-cold", "compile-tuned-warm", "ddtrain-folder-graphs", "ddtrain-packed-graphs",
             # the ceiling: the same ddtrain step on data generated on the GPU (no input pipeline at all)
             "ddtrain-synthetic-compiled",
+            # the training process with one intra-op CPU thread (OMP_NUM_THREADS=1): does torch's OpenMP team,
+            # woken by the CPU ops of the thread that makes the batches, take cores from the rest?
+            "ddtrain-folder-compiled-omp1",
             # the loader processes decoding 25 % / 50 % of each batch (--data-arg cpu_decode), and a set packed
             # at a longer side of 256 (DIR/packed256, made when asked for)
             "ddtrain-folder-compiled-cpudec25", "ddtrain-folder-compiled-cpudec50", "ddtrain-packed256-compiled")
@@ -78,7 +81,8 @@ def settings(args) -> dict:
 
 
 def _base(variant: str) -> tuple[str, float | None]:
-    """(the variant without its ``-cpudecNN`` suffix, NN / 100 or None)."""
+    """(the variant without its ``-cpudecNN`` or ``-omp1`` suffix, NN / 100 or None)."""
+    variant = variant.removesuffix("-omp1")
     head, _, tail = variant.rpartition("-cpudec")
     return (head, int(tail) / 100) if head and tail.isdecimal() else (variant, None)
 
@@ -146,7 +150,8 @@ def run_variant(variant: str, paths: dict, s: dict, work: Path, timeout_s: float
         argv = ddtrain_command(variant, data, s, out)
     start = time.perf_counter()
     try:
-        proc = runner(argv, capture_output=True, text=True, timeout=timeout_s, env=env)
+        proc = runner(argv, capture_output=True, text=True, timeout=timeout_s,
+                      env={**env, "OMP_NUM_THREADS": "1"} if variant.endswith("-omp1") else env)
     except subprocess.TimeoutExpired as exc:
         return {"ok": False, "error": f"timed out after {timeout_s:.0f} s", "seconds": time.perf_counter() - start,
                 "tail": _tail((exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes)

@@ -48,3 +48,44 @@ def test_prepare_inside_a_fabric_script_trains_on_two_workers(tmp_path):
     losses = [float(x) for x in re.findall(r"2 workers: epoch \d+ loss ([0-9.]+)", result.stdout)]
     print(result.stdout.strip().splitlines()[-1])
     assert len(losses) == 3 and losses[-1] < 0.5 * losses[0], result.stdout
+
+
+RAY_DRIVER = """
+import importlib.util, json, sys
+import ray
+spec = importlib.util.spec_from_file_location("ray_train", sys.argv[1])
+example = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(example)
+try:
+    first = example.main(["--workers", "2", "--epochs", "2", "--storage", sys.argv[2]])
+    again = example.main(["--workers", "2", "--epochs", "3", "--storage", sys.argv[2] + "-again",
+                          "--resume-from", first.checkpoint.path])
+    history = first.metrics_dataframe
+    print("RESULT " + json.dumps({"losses": list(history["loss"]), "workers": list(history["workers"]),
+                                 "checkpoint": first.checkpoint.path, "resumed": again.metrics}))
+finally:
+    ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_ray_train_workers_prepare_train_and_resume_from_a_save_state_checkpoint(tmp_path):
+    pytest.importorskip("ray.train", reason="ray is optional (pip install 'ray[train]')")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update(PYTHONPATH=f"{REPO / 'src'}{os.pathsep}{env.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
+               RAY_USAGE_STATS_ENABLED="0")
+    result = subprocess.run([sys.executable, "-c", RAY_DRIVER, str(EXAMPLES / "ray_train.py"), str(tmp_path / "store")],
+                            capture_output=True, text=True, timeout=540, env=env, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    [line] = [x for x in result.stdout.splitlines() if x.startswith("RESULT ")]
+    report = json.loads(line.removeprefix("RESULT "))
+    print(report)
+    assert report["workers"] == [2, 2]
+    assert report["losses"][1] < report["losses"][0]
+    # the checkpoint Ray kept is a ddtrain.save_state file: ddtrain's own reader takes it
+    from ddtrain.reliability import checkpoint
+    [saved] = [p for p in os.listdir(report["checkpoint"]) if p.startswith("ckpt-")]
+    assert checkpoint.read_header(os.path.join(report["checkpoint"], saved))[0]["kind"] == checkpoint.STATE_KIND
+    # resumed from it: only the third epoch trained, starting where the state stood
+    assert report["resumed"]["first_epoch"] == 2 and report["resumed"]["epoch"] == 2
+    assert report["resumed"]["loss"] < report["losses"][0]

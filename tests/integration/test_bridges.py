@@ -7,8 +7,10 @@ equal, the loss falls.
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 
@@ -72,10 +74,16 @@ finally:
 def test_ray_train_workers_prepare_train_and_resume_from_a_save_state_checkpoint(tmp_path):
     pytest.importorskip("ray.train", reason="ray is optional (pip install 'ray[train]')")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    # Ray's session files (sockets among them: a short path) in a folder of the test's, not /tmp/ray
+    ray_tmp = tempfile.mkdtemp(prefix="ray-")
     env.update(PYTHONPATH=f"{REPO / 'src'}{os.pathsep}{env.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1",
-               RAY_USAGE_STATS_ENABLED="0")
-    result = subprocess.run([sys.executable, "-c", RAY_DRIVER, str(EXAMPLES / "ray_train.py"), str(tmp_path / "store")],
-                            capture_output=True, text=True, timeout=540, env=env, cwd=tmp_path)
+               RAY_USAGE_STATS_ENABLED="0", RAY_TMPDIR=ray_tmp)
+    try:
+        result = subprocess.run([sys.executable, "-c", RAY_DRIVER, str(EXAMPLES / "ray_train.py"),
+                                 str(tmp_path / "store")], capture_output=True, text=True, timeout=540, env=env,
+                                cwd=tmp_path)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     [line] = [x for x in result.stdout.splitlines() if x.startswith("RESULT ")]
     report = json.loads(line.removeprefix("RESULT "))

@@ -114,9 +114,10 @@ def test_two_pods_with_the_platforms_environment_train_as_one_elastic_job(platfo
 
 
 @pytest.mark.slow
-def test_a_preempted_pytorchjob_pod_saves_and_the_job_resumes_on_the_pod_left(tmp_path):
-    """SIGTERM to one pod (eviction, spot reclaim): the job stops at one step with a checkpoint; the pod
-    recreated alone (1 of 1:2) resumes from it at world size 1 and finishes."""
+def test_preempted_pytorchjob_pods_save_and_the_job_resumes_on_one_pod(tmp_path):
+    """SIGTERM to both pods (the job's nodes drained, its spot capacity reclaimed): the job stops at one
+    step with a checkpoint on the shared volume, exit 75; a pod recreated alone (1 of the range 1:2)
+    resumes from it at world size 1 and finishes. (SIGTERM to one pod only: docs/BRIDGES.md, limits.)"""
     from ddtrain.cluster import emulated_cluster, netns
     log_path = tmp_path / "pods.log"
     checkpoints = tmp_path / "shared" / "checkpoints"
@@ -128,7 +129,8 @@ def test_a_preempted_pytorchjob_pod_saves_and_the_job_resumes_on_the_pod_left(tm
             while not list(checkpoints.glob("ckpt-*.pt")) and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert list(checkpoints.glob("ckpt-*.pt")), log_path.read_text()[-3000:]
-            procs[1].send_signal(signal.SIGTERM)            # the kubelet, to the container's process (exec'd)
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)            # each kubelet, to its container's process (exec'd)
             first = wait_all(procs, 180)
             stopped_at = sorted(p.name for p in checkpoints.glob("ckpt-*.pt"))[-1]
             again = start_pods(cluster, pytorchjob, tmp_path, train, which=[0], log=log)   # the pod recreated
@@ -138,6 +140,7 @@ def test_a_preempted_pytorchjob_pod_saves_and_the_job_resumes_on_the_pod_left(tm
                 netns.kill_namespace_processes(node.namespace)
     text = log_path.read_text()
     print(f"first attempt exit codes {first}, newest checkpoint then {stopped_at}; the recreated pod: {second}")
+    assert first == [75, 75], text[-4000:]     # stopped on a signal with the state saved
     assert second == [0], text[-4000:]
     record = json.loads((tmp_path / "run.json").read_text())
     assert record["world_size"] == 1

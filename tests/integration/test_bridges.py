@@ -97,3 +97,28 @@ def test_ray_train_workers_prepare_train_and_resume_from_a_save_state_checkpoint
     # resumed from it: only the third epoch trained, starting where the state stood
     assert report["resumed"]["first_epoch"] == 2 and report["resumed"]["epoch"] == 2
     assert report["resumed"]["loss"] < report["losses"][0]
+
+
+@pytest.mark.slow
+def test_comm_hook_example_under_torchrun_trains_and_resumes_its_hook_state(tmp_path):
+    """examples/bridges/comm_hook_ddp.py as its docstring runs it: 3 ranks, fp16 over butterfly, saved and resumed."""
+    from multirank import free_port
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update(PYTHONPATH=f"{REPO / 'src'}{os.pathsep}{env.get('PYTHONPATH', '')}", OMP_NUM_THREADS="1")
+    checkpoint = tmp_path / "ck.pt"
+    outputs = []
+    for epochs in ("2", "1"):
+        run = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3", "--master-addr",
+                              "127.0.0.1", "--master-port", str(free_port()), str(EXAMPLES / "comm_hook_ddp.py"),
+                              "--algorithm", "butterfly", "--compression", "topk:0.3", "--epochs", epochs,
+                              "--checkpoint", str(checkpoint)], capture_output=True, text=True, timeout=300, env=env,
+                             cwd=tmp_path)
+        assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-3000:]
+        outputs.append(run.stdout)
+    print("".join(outputs))
+    losses = [float(x) for x in re.findall(r"epoch \d+ loss ([0-9.]+)", "".join(outputs))]
+    assert re.findall(r"epoch (\d+) loss", "".join(outputs)) == ["0", "1", "2"]   # the second start went on at 2
+    assert losses[2] < losses[0]
+    assert sorted(p.name for p in tmp_path.glob("ck.pt.rank*")) == ["ck.pt.rank0", "ck.pt.rank1", "ck.pt.rank2"]
+    sent = re.findall(r"rank \d: (\d+) bytes sent by the hook", outputs[1])
+    assert len(sent) == 3 and all(int(b) > 0 for b in sent)

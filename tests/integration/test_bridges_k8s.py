@@ -23,6 +23,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 import time
 
 import pytest
@@ -71,7 +72,7 @@ def start_pods(cluster, platform, tmp_path, train_args: str, which=None, log=Non
     bin_dir = tmp_path / "bin"   # `ddtrain` on PATH is this checkout's, as the image's would be
     bin_dir.mkdir(exist_ok=True)
     shim = bin_dir / "ddtrain"
-    shim.write_text(f"#!/bin/sh\nexec {os.sys.executable} -m ddtrain \"$@\"\n")
+    shim.write_text(f"#!/bin/sh\nexec {sys.executable} -m ddtrain \"$@\"\n")
     shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
     addresses = [n.address for n in cluster.nodes]
     procs = []

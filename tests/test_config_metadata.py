@@ -62,6 +62,7 @@ NOT_PERTURBED = {
     "max_restarts": "read by the launcher (torchrun's agent restarts workers), not by fit",
     "preempt_grace_s": "read by the launcher (how long it lets the workers save after a stop signal), not by fit",
     "mlflow": "an optional library that logs to a tracking server (tests/observe/test_tracking.py)",
+    "wandb": "an optional library that logs to a Weights & Biases run (tests/observe/test_tracking.py, offline)",
     # ddtrain.distributed: how the process joins the job, read by ddtrain.init and the launcher
     **dict.fromkeys(("backend", "timeout", "nnodes", "node_rank", "rdzv_endpoint", "skip_doctor"),
                     "read by ddtrain.init and the launcher, not by the loop"),

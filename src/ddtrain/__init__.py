@@ -21,6 +21,7 @@ _PUBLIC = {
     "init": "ddtrain.training.prepare",   # runtime.init, plus the roles a parameter-server strategy named there gives
     "prepare_loader": "ddtrain.training.prepare",
     "unwrap": "ddtrain.training.prepare",
+    "comm_hook": "ddtrain.sync.hook",   # ddtrain's algorithms and compressors as a hook for a user's own DDP
     "all_reduce_metric": "ddtrain.training.metrics",
     "gather_for_metrics": "ddtrain.training.metrics",
     **dict.fromkeys(("save_state", "load_state", "stop_requested", "register_for_checkpointing"),

@@ -106,6 +106,9 @@ def outputs_line(config) -> str:
     named = [what.format(path) for path, what in outputs if path]
     if config.tracking.mlflow:
         named.append(f"an MLflow run at {os.environ.get('MLFLOW_TRACKING_URI') or './mlruns'}")
+    if config.tracking.wandb:
+        named.append(f"a Weights & Biases run ({os.environ.get('WANDB_MODE') or 'online'}, "
+                     f"files in {os.environ.get('WANDB_DIR') or '.'}/wandb)")
     if not named:
         return "ddtrain: done; nothing was saved (--out FILE keeps the results record, --save FILE the model)"
     return f"ddtrain: done; outputs: {', '.join(named)}"

@@ -1,4 +1,4 @@
-"""Experiment tracking on rank 0: TensorBoard event files, an MLflow run, a CSV of per-step metrics.
+"""Experiment tracking on rank 0: TensorBoard event files, an MLflow run, a Weights & Biases run, a CSV.
 
 Each tracker is a callback of the training loop (hook methods only: observe sits below training)
 that writes what the loop measures anyway: per step the loss (rank 0's, averaged over its
@@ -6,8 +6,8 @@ micro-batches), the learning rate, samples per second (global batch over the ste
 and, with ``--profile``, the step split (data, compute, optimizer seconds from the loop's clock
 readings); per epoch the epoch's metrics (train and validation loss and accuracy, samples/s, the
 split) and the bytes this rank sent and received. The libraries are optional (``pip install
-'ddtrain[tensorboard]'``, ``'ddtrain[mlflow]'``, or ``'ddtrain[tracking]'`` for both): ``check`` names
-the missing one, and its extra, before training starts.
+'ddtrain[tensorboard]'``, ``'ddtrain[mlflow]'``, ``'ddtrain[wandb]'``, or ``'ddtrain[tracking]'`` for
+TensorBoard and MLflow): ``check`` names the missing one, and its extra, before training starts.
 
 Reading a step's loss is a host-device sync on a GPU: the step's loss tensors are kept (detached)
 and read together, one ``tolist()`` every ``FLUSH_STEPS`` tracked steps (or ``FLUSH_S`` seconds),
@@ -33,6 +33,7 @@ class TrackingConfig:
     tensorboard: str | None = None     # write TensorBoard event files (scalars per step and epoch) into this directory
     mlflow: bool = False                  # log the configuration and the metrics to an MLflow run (at MLFLOW_TRACKING_URI, else MLflow's default)
     csv: str | None = None             # write per-step and per-epoch metrics to this CSV file
+    wandb: bool = False                   # log the configuration and the metrics to a Weights & Biases run (WANDB_PROJECT, WANDB_MODE=offline: no server)
     track_every: int = 1                  # optimizer steps between tracked step metrics
 
     def __post_init__(self):
@@ -43,7 +44,7 @@ class TrackingConfig:
 
     @property
     def enabled(self) -> bool:
-        return bool(self.tensorboard or self.mlflow or self.csv)
+        return bool(self.tensorboard or self.mlflow or self.csv or self.wandb)
 
 
 def check(config: TrackingConfig) -> None:
@@ -62,6 +63,12 @@ def check(config: TrackingConfig) -> None:
         except ImportError:
             raise ConfigError("mlflow", "needs the mlflow package: pip install 'ddtrain[mlflow]' "
                                "(or pip install mlflow)") from None
+    if config.wandb:
+        try:
+            import wandb  # noqa: F401
+        except ImportError:
+            raise ConfigError("wandb", "needs the wandb package: pip install 'ddtrain[wandb]' "
+                               "(or pip install wandb)") from None
     files.check_writable(config.csv, "csv")
 
 
@@ -87,6 +94,8 @@ def trackers(config: TrackingConfig, rank: int) -> list:
         out.append(TensorBoardTracker(config.tensorboard, config.track_every))
     if config.mlflow:
         out.append(MLflowTracker(config.track_every))
+    if config.wandb:
+        out.append(WandbTracker(config.track_every))
     if config.csv:
         out.append(CSVTracker(config.csv, config.track_every))
     return out
@@ -245,6 +254,51 @@ class MLflowTracker(Tracker):
         if self.started:
             import mlflow
             mlflow.end_run()
+            self.started = False
+
+
+class WandbTracker(Tracker):
+    """A Weights & Biases run: the nested configuration as its config, the scalars (``step/loss``, ...) logged.
+
+    wandb reads its own variables (WANDB_PROJECT, WANDB_ENTITY, WANDB_DIR, WANDB_MODE=offline
+    for a run written to disk only and synced later with ``wandb sync``); a run the script has
+    already started (``wandb.init`` in a ``fit()`` script) is logged into and left open.
+    """
+
+    output = "--wandb"
+
+    def __init__(self, every: int = 1):
+        super().__init__(every)
+        self.run, self.started = None, False
+        self.rows: dict = {}   # step -> its scalars: one wandb.log per step (wandb's steps only go forward)
+
+    def open(self, state) -> None:
+        import wandb
+        self.run = wandb.run
+        if self.run is None:
+            self.run, self.started = wandb.init(project=os.environ.get("WANDB_PROJECT", "ddtrain"),
+                                                config=state.config.as_dict()), True
+        else:
+            self.run.config.update(state.config.as_dict(), allow_val_change=True)
+        # every scalar's x axis is the optimizer step, also the epoch rows written at the epoch's last step
+        self.run.define_metric("*", step_metric="optimizer_step")
+
+    def write(self, kind, step, epoch, metrics) -> None:
+        row = self.rows.setdefault(step, {"optimizer_step": step, "epoch": epoch})
+        row.update({f"{kind}/{k}": float(v) for k, v in metrics.items()
+                    if v is not None and math.isfinite(float(v))})
+
+    def flush(self) -> None:
+        super().flush()
+        for step in sorted(self.rows):
+            self.run.log(self.rows[step])
+        self.rows = {}
+
+    def close(self) -> None:
+        if self.rows and self.run is not None:
+            self.flush()
+        if self.started:
+            self.run.finish()
             self.started = False
 
 

@@ -125,3 +125,41 @@ def test_unequal_shares_take_the_steps_of_equal_shares_and_of_a_plain_loop(strat
         assert shares == ([10, 3, 11] if grad_accum == 1 else [10, 4, 10])
         assert_same_parameters(reference, params)
         assert_same_parameters(uniform, params)
+
+
+# ---- measured: a rank made slow gets a smaller share, the step stays the plain loop's ----
+
+def train_with_a_slow_rank(mode: str):
+    import time
+    import torch.distributed as dist
+    model, shape = tiny_model("simple-cnn")
+    if dist.get_rank() == 1:   # 3 ms per sample more on rank 1, inside its forward (its local work)
+        model.register_forward_pre_hook(lambda module, inputs: time.sleep(0.003 * inputs[0].shape[0]))
+    config = TrainConfig.from_flat(model="simple-cnn", data="synthetic", strategy="ddp", steps=12,
+                                   global_batch_size=GLOBAL, balance=mode, balance_every=2, lr=0.1, momentum=0.9,
+                                   seed=SEED, val_fraction=0.0, quiet=True)
+    from ddtrain import fit
+    record = fit(model, tiny_data(shape), config)
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, record["balance"]
+
+
+@pytest.mark.slow   # two 3-rank runs of 12 steps
+def test_a_slow_rank_gets_a_smaller_share_and_the_step_stays_the_same():
+    model, shape = tiny_model("simple-cnn")
+    train = tiny_data(shape).train
+    reference = plain_sgd(model, train.x, train.y, lr=0.1, momentum=0.9, epochs=3, global_batch=GLOBAL,
+                          epoch_order=lambda epoch: torch.randperm(
+                              N_SAMPLES, generator=torch.Generator().manual_seed(SEED + epoch)))
+    for mode in ("measure", "speed"):
+        results = run_ranks(train_with_a_slow_rank, 3, mode)
+        records = [r[1] for r in results]
+        assert all(r == records[0] for r in records)   # every rank agreed on the same shares, from the same numbers
+        balance = records[0]
+        assert balance["straggler"]["slowest_rank"] == 1
+        if mode == "measure":
+            assert balance["final_shares"] == [8, 8, 8] and balance["straggler"]["balancing_gain"] > 1
+        else:
+            assert balance["final_shares"][1] < min(balance["final_shares"][0], balance["final_shares"][2])
+            assert any("new_shares" in h for h in balance["history"])
+        for params, _ in results:
+            assert_same_parameters(reference, params)

@@ -163,3 +163,9 @@ def test_a_slow_rank_gets_a_smaller_share_and_the_step_stays_the_same():
             assert any("new_shares" in h for h in balance["history"])
         for params, _ in results:
             assert_same_parameters(reference, params)
+
+
+def test_prepare_refuses_balance_in_one_message():
+    from ddtrain import prepare
+    with pytest.raises(DDTrainError, match="not supported yet.*docs/BALANCE.md"):
+        prepare(torch.nn.Linear(2, 2), None, balance="speed")

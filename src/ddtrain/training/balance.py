@@ -121,8 +121,9 @@ class Balancer:
         now = time.perf_counter()
         window = self._window
         if self.cuda:
-            self._events[2].record()
-            self._pending.append(self._events)
+            begin, grad, end = self._events
+            end.record()
+            self._pending.append((begin, grad if self._grad_t is not None else end, end))   # no gradient: no wait seen
         else:
             window[0] += (self._grad_t if self._grad_t is not None else now) - self._t0
             window[1] += now - self._t0
@@ -140,8 +141,8 @@ class Balancer:
                 window[0] += begin.elapsed_time(grad) / 1e3
                 window[1] += begin.elapsed_time(end) / 1e3
             self._pending = []
-        mine = torch.tensor(window[:3] + [float(window[3])], dtype=torch.float64,
-                            device=self.device if self.cuda else "cpu")
+        on = self.device if dist.get_backend(self.group) == "nccl" else "cpu"   # NCCL gathers CUDA tensors only
+        mine = torch.tensor(window[:3] + [float(window[3])], dtype=torch.float64, device=on)
         everyone = [torch.empty_like(mine) for _ in range(self.workers)]
         dist.all_gather(everyone, mine, group=self.group)
         rows = [t.tolist() for t in everyone]   # the same numbers, bit for bit, on every rank

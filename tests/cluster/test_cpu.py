@@ -61,3 +61,26 @@ def test_the_cgroups_go_on_failure_and_a_dead_runs_cgroups_are_swept():
     left = limits.root / f"ddtrain-{dead.pid}-abc123-n0"   # what a SIGKILLed run leaves
     left.mkdir()
     assert str(left) in cpu.sweep(limits.root) and not left.exists()
+
+
+def test_cluster_run_refuses_a_node_it_does_not_have_in_one_line():
+    from helpers import assert_one_clear_error, ddtrain
+    result = ddtrain("cluster", "run", "--nodes", "2", "--link", "1gbit", "--node-cpu", "5=0.5", "--",
+                     "ddtrain", "train", "--steps", "1")
+    assert_one_clear_error(result, "--node-cpu", "0..1")
+
+
+@pytest.mark.slow   # an emulated cluster of 2 nodes training 4 steps
+@pytest.mark.skipif(why_no_controller() is not None, reason=f"no cgroup CPU control here: {why_no_controller()}")
+def test_cluster_run_holds_a_node_and_leaves_no_cgroup():
+    from helpers import ddtrain, why_no_cluster
+    if why_no_cluster():
+        pytest.skip(why_no_cluster())
+    before = set(cpu.V1_ROOT.iterdir()) if cpu.V1_ROOT.is_dir() else set()
+    result = ddtrain("cluster", "run", "--nodes", "2", "--link", "1gbit", "--node-cpu=-1=0.5", "--",
+                     "ddtrain", "train", "--model", "mlp", "--data", "digits", "--steps", "4",
+                     "--global-batch-size", "32", "--balance", "speed", "--balance-every", "2", timeout=400)
+    assert result.returncode == 0, result.stderr
+    assert "# node 1 held to 0.5 CPU" in result.stdout
+    after = set(cpu.V1_ROOT.iterdir()) if cpu.V1_ROOT.is_dir() else set()
+    assert not {p for p in after - before if p.name.startswith("ddtrain-")}

@@ -169,3 +169,10 @@ def test_prepare_refuses_balance_in_one_message():
     from ddtrain import prepare
     with pytest.raises(DDTrainError, match="not supported yet.*docs/BALANCE.md"):
         prepare(torch.nn.Linear(2, 2), None, balance="speed")
+
+
+def test_train_refuses_speed_with_an_asynchronous_strategy_in_one_line():
+    from helpers import assert_one_clear_error, ddtrain
+    result = ddtrain("train", "--strategy", "local-sgd", "--nproc", "2", "--global-batch-size", "64",
+                     "--balance", "speed", "--steps", "2")
+    assert_one_clear_error(result, "--balance", "synchronous")

@@ -1,6 +1,7 @@
 """``ddtrain cluster run``: a ddtrain command on N emulated nodes joined by rate-limited links.
 
     sudo ddtrain cluster run --nodes 4 --link 200mbit -- ddtrain bench collectives --sizes 1M:64M
+    sudo ddtrain cluster run --nodes 2 --link 1gbit --node-cpu 1=0.25 -- ddtrain train --global-batch-size 128 --balance speed
     sudo ddtrain cluster run --nodes 5 --link 200mbit --server-link 1gbit --server-node -1 --traffic-out t.json \
          -- ddtrain train --strategy ps-sync …      # ps-sync's server is the last rank: give it the last node
 
@@ -45,8 +46,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "the rendezvous and must stay")
     parser.add_argument("--node-cpu", action="append", default=[], metavar="NODE=FRACTION",
                         help="hold node NODE's processes to FRACTION of one CPU (cgroup CPU quota; repeat for "
-                             "other nodes; negative NODE counts from the end), e.g. 1=0.25 to make node 1 a "
-                             "straggler; needs root and the cgroup cpu controller (v2 cpu.max, else v1 cfs quota)")
+                             "other nodes; negative NODE counts from the end, written --node-cpu=-1=0.5), e.g. 1=0.25 "
+                             "to make node 1 a straggler; needs root and the cgroup cpu controller (v2 cpu.max, "
+                             "else v1 cfs quota); docs/BALANCE.md")
     parser.add_argument("--traffic-out", default=None,
                         help="also write the per-node traffic (and samples) as JSON to this file")
     parser.add_argument("--traffic-interval", type=float, default=0.0,

@@ -176,3 +176,34 @@ def test_train_refuses_speed_with_an_asynchronous_strategy_in_one_line():
     result = ddtrain("train", "--strategy", "local-sgd", "--nproc", "2", "--global-batch-size", "64",
                      "--balance", "speed", "--steps", "2")
     assert_one_clear_error(result, "--balance", "synchronous")
+
+
+# ---- elastic resume: the shares are not training state ----
+
+class ForceGiven(Callback):
+    def __init__(self, shares):
+        self.shares = shares
+
+    def on_train_begin(self, state):
+        state.balancer.schedule.change(0, self.shares)
+
+
+def train_resumable(directory: str, steps: int, shares: list[int], resume: bool):
+    model, shape = tiny_model("simple-cnn")
+    config = TrainConfig.from_flat(model="simple-cnn", data="synthetic", strategy="ddp", steps=steps,
+                                   global_batch_size=GLOBAL, balance="speed", balance_every=1000, lr=0.1, momentum=0.9,
+                                   seed=SEED, val_fraction=0.0, quiet=True, checkpoint_dir=directory,
+                                   checkpoint_every=2, resume=resume)
+    from ddtrain import fit
+    record = fit(model, tiny_data(shape), config, callbacks=[ForceGiven(shares)])
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, record["reliability"]["resumed_from"]
+
+
+@pytest.mark.slow   # a 3-rank run stopped at step 6, resumed on 2 ranks with other shares
+def test_a_balanced_run_resumed_on_fewer_workers_with_other_shares_takes_the_same_steps(tmp_path):
+    run_ranks(train_resumable, 3, str(tmp_path), 6, [5, 12, 7], False)
+    resumed = run_ranks(train_resumable, 2, str(tmp_path), 8, [17, 7], True)
+    reference = plain_loop()   # 2 epochs of 4 steps = 8 steps
+    for params, resumed_from in resumed:
+        assert resumed_from is not None and resumed_from["step"] == 6, resumed_from
+        assert_same_parameters(reference, params)

@@ -61,6 +61,9 @@ NOT_PERTURBED = {
                           "refused without it, resumed with it)",
     "max_restarts": "read by the launcher (torchrun's agent restarts workers), not by fit",
     "preempt_grace_s": "read by the launcher (how long it lets the workers save after a stop signal), not by fit",
+    "balance": "splits each global batch among the workers: one process has one share (tests/training/"
+               "test_balance.py compares unequal shares with equal ones and a plain loop on 3 ranks)",
+    "balance_every": "the re-measure interval of --balance: read only at world size > 1",
     "mlflow": "an optional library that logs to a tracking server (tests/observe/test_tracking.py)",
     "wandb": "an optional library that logs to a Weights & Biases run (tests/observe/test_tracking.py, offline)",
     # ddtrain.distributed: how the process joins the job, read by ddtrain.init and the launcher

@@ -6,7 +6,7 @@ cannot clean up after itself); this command also removes runs kept with ``--keep
 """
 from __future__ import annotations
 
-from ddtrain.cluster import checks, netns
+from ddtrain.cluster import checks, cpu, netns
 
 
 def add_arguments(parser) -> None:
@@ -22,6 +22,8 @@ def main(args) -> int:
             print(name)
         return 0
     removed = netns.sweep(include_kept=True, include_live=args.all)
+    for name in cpu.sweep(include_live=args.all):   # the CPU cgroups of --node-cpu
+        print(f"removed cgroup {name}")
     for name in removed:
         print(f"removed {name}")
     left = netns.list_namespaces()

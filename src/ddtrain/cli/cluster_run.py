@@ -1,6 +1,7 @@
 """``ddtrain cluster run``: a ddtrain command on N emulated nodes joined by rate-limited links.
 
     sudo ddtrain cluster run --nodes 4 --link 200mbit -- ddtrain bench collectives --sizes 1M:64M
+    sudo ddtrain cluster run --nodes 2 --link 1gbit --node-cpu 1=0.25 -- ddtrain train --global-batch-size 128 --balance speed
     sudo ddtrain cluster run --nodes 5 --link 200mbit --server-link 1gbit --server-node -1 --traffic-out t.json \
          -- ddtrain train --strategy ps-sync …      # ps-sync's server is the last rank: give it the last node
 
@@ -18,7 +19,7 @@ import sys
 import tempfile
 
 from ddtrain.errors import DDTrainError
-from ddtrain.cluster import netns, slurm
+from ddtrain.cluster import cpu, netns, slurm
 from ddtrain.cluster.run import emulated_cluster, run_in_cluster, target_argv
 
 
@@ -43,6 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "agents re-form it at the new size, resuming from the last checkpoint: give the command "
                              "--checkpoint-dir); implies --max-restarts of at least --nodes minus this; node 0 hosts "
                              "the rendezvous and must stay")
+    parser.add_argument("--node-cpu", action="append", default=[], metavar="NODE=FRACTION",
+                        help="hold node NODE's processes to FRACTION of one CPU (cgroup CPU quota; repeat for "
+                             "other nodes; negative NODE counts from the end, written --node-cpu=-1=0.5), e.g. 1=0.25 "
+                             "to make node 1 a straggler; needs root and the cgroup cpu controller (v2 cpu.max, "
+                             "else v1 cfs quota); docs/BALANCE.md")
     parser.add_argument("--traffic-out", default=None,
                         help="also write the per-node traffic (and samples) as JSON to this file")
     parser.add_argument("--traffic-interval", type=float, default=0.0,
@@ -79,25 +85,31 @@ def main(args) -> int:
         max_restarts = max(max_restarts, args.nodes - args.min_nodes)  # one restart per node that may be lost
     if args.traffic_interval < 0:
         raise DDTrainError(f"--traffic-interval must be >= 0, got {args.traffic_interval}")
+    node_cpu = cpu.parse(args.node_cpu, args.nodes)
+    if node_cpu:
+        if args.slurm:
+            raise DDTrainError("--node-cpu limits the node agents of ddtrain cluster run, not --slurm's daemons")
+        cpu.controller()   # root and a CPU controller, before any namespace exists
     link_bps = netns.parse_rate(args.link)
     server_bps = netns.parse_rate(args.server_link) if args.server_link else None
     try:
         with emulated_cluster(args.nodes, link_bps, server_link=server_bps, server_node=args.server_node,
-                              keep=args.keep) as cluster:
-            print(_header(cluster, args.procs_per_node), flush=True)
+                              keep=args.keep) as cluster, cpu.limited(cluster.run_id, node_cpu) as limits:
+            print(_header(cluster, args.procs_per_node, limits), flush=True)
             if args.slurm:
                 result = slurm.run_with_slurm(cluster, command, timeout_s=args.timeout_s)
             else:
                 result = run_in_cluster(cluster, command, procs_per_node=args.procs_per_node,
                                         timeout_s=args.timeout_s, sample_s=args.traffic_interval,
-                                        max_restarts=max_restarts, min_nodes=args.min_nodes)
+                                        max_restarts=max_restarts, min_nodes=args.min_nodes, cpu_limits=limits)
                 if result.lost_nodes:
                     print(f"# lost node(s) {', '.join(map(str, result.lost_nodes))} (agent exit status "
                           f"{', '.join(str(result.node_returncodes[i]) for i in result.lost_nodes)}); the job went "
                           f"on with the other {args.nodes - len(result.lost_nodes)}", flush=True)
             print(result.traffic_table(), flush=True)
             if args.traffic_out:
-                _write_json(args.traffic_out, {"cluster": _describe(cluster, args, command), **result.to_dict()})
+                _write_json(args.traffic_out, {"cluster": {**_describe(cluster, args, command),
+                                                           "node_cpu": limits.describe()}, **result.to_dict()})
     except KeyboardInterrupt:
         print("ddtrain: interrupted; the emulated cluster was torn down", file=sys.stderr, flush=True)
         return 130
@@ -112,7 +124,7 @@ def main(args) -> int:
     return result.returncode
 
 
-def _header(cluster, procs_per_node: int) -> str:
+def _header(cluster, procs_per_node: int, limits=None) -> str:
     p = netns.tbf_params(cluster.link_bps)
     lines = [f"# emulated cluster {cluster.run_id}: {len(cluster.nodes)} nodes x {procs_per_node} ranks, "
              f"link {netns.format_rate(cluster.link_bps)} each way (tc tbf burst {p['burst']} B, "
@@ -120,6 +132,8 @@ def _header(cluster, procs_per_node: int) -> str:
     server = cluster.nodes[cluster.server_node]
     if server.link_bps != cluster.link_bps:
         lines.append(f"# node {server.index} (server) link {netns.format_rate(server.link_bps)}")
+    for node, fraction in sorted(limits.limits.items()) if limits is not None else ():
+        lines.append(f"# node {node} held to {fraction:g} CPU (cgroup {limits.version} {limits.groups[node]})")
     return "\n".join(lines)
 
 

@@ -198,7 +198,8 @@ def node_env(cluster: netns.Cluster, node: netns.Node, procs_per_node: int, extr
 
 def run_in_cluster(cluster: netns.Cluster, command: list[str], *, procs_per_node: int = 1,
                    timeout_s: float = 3600.0, env: dict | None = None, stdout=None, stderr=None,
-                   sample_s: float = 0.0, max_restarts: int = 0, min_nodes: int | None = None) -> RunResult:
+                   sample_s: float = 0.0, max_restarts: int = 0, min_nodes: int | None = None,
+                   cpu_limits=None) -> RunResult:
     """Run ``command`` as ``procs_per_node`` ranks on every node; wait, stop everything, measure.
 
     ``stdout``/``stderr`` are file objects for the ranks' output (default: ours). The job ends
@@ -209,6 +210,7 @@ def run_in_cluster(cluster: netns.Cluster, command: list[str], *, procs_per_node
     ``min_nodes`` below the node count (with ``max_restarts``) makes the job elastic: a node whose
     agent fails is lost, not fatal, while at least ``min_nodes`` agents run or have finished; the
     others re-form the job without it (``RunResult.lost_nodes`` names it).
+    ``cpu_limits`` (a ``cluster.cpu.CpuLimits``): the nodes it limits start inside their cgroups.
     """
     if procs_per_node < 1:
         raise DDTrainError(f"--procs-per-node must be at least 1, got {procs_per_node}")
@@ -233,7 +235,8 @@ def run_in_cluster(cluster: netns.Cluster, command: list[str], *, procs_per_node
     try:
         for node, argv in zip(cluster.nodes, argvs):
             procs.append(subprocess.Popen(argv, env=node_env(cluster, node, procs_per_node, env, max_restarts),
-                                          stdout=stdout, stderr=stderr, start_new_session=True))
+                                          stdout=stdout, stderr=stderr, start_new_session=True,
+                                          preexec_fn=cpu_limits.preexec(node.index) if cpu_limits else None))
         deadline = start + timeout_s
         while any(code is None for code in codes):
             for i, proc in enumerate(procs):

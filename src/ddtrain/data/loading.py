@@ -25,6 +25,7 @@ from torch.utils.data import DataLoader, Dataset
 from ddtrain.errors import ConfigError, DDTrainError
 from ddtrain.data.arrays import ArrayDataset
 from ddtrain.data.images import ImageDataset, ProblemLog
+from ddtrain.data.balance import micro_sizes, rank_span
 from ddtrain.data.sharding import ShardSampler
 
 DEVICE_SHARE = 0.4      # a lazy dataset is materialised on the GPU up to this share of free memory
@@ -65,6 +66,29 @@ class ShardLoader:
         # uint8: the CPU path's batches as they reach the device, not yet made float (ddtrain bench data --uint8:
         # what the CPU does for a GPU run, measured on a machine without one)
         self.uint8 = uint8 and self.images and self.pipeline is None
+        # unequal shares of each global batch (--balance speed): set by ``share_by``
+        self.schedule, self.rank, self.grad_accum = None, 0, 1
+        self.first_step = 0   # the global step of this epoch's first step (the loop sets it every epoch)
+
+    def share_by(self, schedule, rank: int, grad_accum: int) -> None:
+        """Draw each step's batches from this rank's share in ``schedule`` (a ``data.balance.ShareSchedule``)."""
+        if not self.sampler.global_batch:
+            raise DDTrainError("unequal shares need a global batch (--global-batch-size)")
+        self.schedule, self.rank, self.grad_accum = schedule, rank, grad_accum
+
+    def lookahead(self) -> int | None:
+        """Micro-batches this loader may draw ahead of the one being trained (None: a whole epoch at once).
+
+        Shares agreed for a step must be in place before its batches are drawn: the balancer makes
+        a change take effect that many steps later (``training.balance``).
+        """
+        if self.pipeline is not None:
+            return None if getattr(self.pipeline, "readers", 0) else getattr(self.pipeline, "depth", 2) + 2
+        if self.images or not self.fast:   # a DataLoader: prefetch_factor (4) batches per loader process
+            return 4 * self.workers + 1 if self.workers else 0
+        if self.pin:   # _prefetched: its queue (3), the batch being put, and the copy one batch ahead
+            return 3 + 3
+        return 0
 
     def describe(self) -> dict:
         """How batches are made (the results record's ``data_pipeline``)."""
@@ -82,6 +106,9 @@ class ShardLoader:
         return self.steps
 
     def _batches(self, device=None):
+        if self.schedule is not None:
+            yield from self._shared_batches(device)
+            return
         idx = self.sampler.indices()
         if device is not None and device.type != "cpu":
             # One copy per epoch: a per-step copy from pageable memory would make the host wait
@@ -89,6 +116,21 @@ class ShardLoader:
             idx = idx.to(device)
         for s in range(self.steps):
             yield idx[s * self.batch_size:(s + 1) * self.batch_size]
+
+    def _shared_batches(self, device=None):
+        """This rank's micro-batches under unequal shares: its run of each step's global batch, cut in grad_accum."""
+        order = self.sampler.order()
+        if device is not None and device.type != "cpu":
+            order = order.to(device)
+        for step in range(self.steps // self.grad_accum):
+            start, count = rank_span(self.schedule.shares_for(self.first_step + step), self.rank)
+            for size in micro_sizes(count, self.grad_accum):
+                yield self.sampler.step_positions(order, step, start, size)
+                start += size
+
+    def _index_lists(self):
+        """The DataLoader's batch sampler: drawn as it goes under unequal shares (the shares change during an epoch)."""
+        return _IndexLists(self) if self.schedule is not None else [b.tolist() for b in self._batches()]
 
     def _prefetched(self, on, depth: int = 3, pin: bool = True):
         """Host data for a GPU: a thread gathers and pins the next batches while the GPU trains.
@@ -150,7 +192,7 @@ class ShardLoader:
         if self.images:   # uint8 samples to the device, made float there (on the CPU: in the loader processes)
             on_cpu = self.device.type == "cpu" and not self.uint8
             collate = _Collate(self.dataset, on_cpu, self.channels_last)
-            loader = DataLoader(_Samples(self.dataset), batch_sampler=[b.tolist() for b in self._batches()],
+            loader = DataLoader(_Samples(self.dataset), batch_sampler=self._index_lists(),
                                 num_workers=self.workers, pin_memory=self.pin, collate_fn=collate,
                                 persistent_workers=False, prefetch_factor=4 if self.workers else None)
             for x, y, problems in loader:
@@ -166,11 +208,24 @@ class ShardLoader:
             for b in self._batches(on):
                 yield self._place(*self.dataset.batch(b))
             return
-        loader = DataLoader(self.dataset, batch_sampler=[b.tolist() for b in self._batches()],
+        loader = DataLoader(self.dataset, batch_sampler=self._index_lists(),
                             num_workers=self.workers, pin_memory=self.pin, collate_fn=self.collate_fn,
                             persistent_workers=False, prefetch_factor=4 if self.workers else None)
         for x, y in loader:
             yield self._place(x, y)
+
+
+class _IndexLists:
+    """A loader's index batches as lists, drawn one by one as the DataLoader asks (it has a length)."""
+
+    def __init__(self, loader: ShardLoader):
+        self.loader = loader
+
+    def __iter__(self):
+        return (b.tolist() for b in self.loader._batches())
+
+    def __len__(self) -> int:
+        return self.loader.steps
 
 
 class _Samples(Dataset):

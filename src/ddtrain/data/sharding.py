@@ -86,6 +86,21 @@ class ShardSampler(Sampler):
             mine = mine.repeat(math.ceil(self.per_rank / len(mine)))[: self.per_rank]
         return mine
 
+    def step_positions(self, order: torch.Tensor, step: int, start: int, count: int) -> torch.Tensor:
+        """Positions ``start .. start+count`` of step ``step``'s global batch in ``order`` (``order()``'s, per epoch).
+
+        Unequal shares (``ddtrain.data.balance``): a rank's contiguous run of the same global batch
+        ``indices`` deals out every R-th sample of, so the step trains the same samples either way.
+        """
+        if not self.global_batch:
+            raise DDTrainError("unequal shares need a global batch (--global-batch-size)")
+        first = step * self.global_batch + start
+        return order[first:first + count]
+
+    def order(self) -> torch.Tensor:
+        """This epoch's order of the sample indices (a function of the seed and the epoch only)."""
+        return self._order()
+
     def __iter__(self):
         return iter(self.indices().tolist())
 

@@ -266,3 +266,26 @@ def training_curves(runs: list[tuple[str, dict]], path) -> str:
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
     return _save(fig, path, "Training curves per run" + (": loss and validation accuracy" if val else ": loss"))
+
+
+def balance_over_steps(balance: dict, label: str, path) -> str:
+    """Each rank's share of the global batch, and its step and local time, at every --balance re-measure."""
+    plt = _plt()
+    history = balance["history"]
+    steps = [h["step"] for h in history]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4))
+    # the shares in force: the first ones from step 0, each change from its first step, held to the last window
+    changes = [(0, history[0]["shares"])] + [(h["from_step"], h["new_shares"]) for h in history if "new_shares" in h]
+    changes.append((max(steps[-1], changes[-1][0]), changes[-1][1]))
+    for rank in range(len(history[0]["shares"])):
+        axes[0].step([c[0] for c in changes], [c[1][rank] for c in changes], where="post", label=f"rank {rank}")
+        line, = axes[1].plot(steps, [1e3 * h["local_s"][rank] for h in history], "o-", label=f"rank {rank} local")
+        axes[1].plot(steps, [1e3 * h["step_s"][rank] for h in history], "--", color=line.get_color(),
+                     label=f"rank {rank} step")
+    axes[0].set_ylabel("share of the global batch (samples)")
+    axes[1].set_ylabel("time per step (ms)")
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+    return _save(fig, path, f"Shares and step times over the run: {label}")

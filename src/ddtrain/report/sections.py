@@ -212,6 +212,33 @@ def records_blocks(records: list[tuple[Path, dict]], root: Path, files: Path) ->
                                                 for k, _ in plots.PARTS], _ms(x["step_time_s"])] for x in ranks]))
         if r.get("monitor"):
             blocks.append(_figure(files, f"timeline-{name}", plots.utilisation_timeline, r, str(path.relative_to(root))))
+        if (r.get("balance") or {}).get("history"):
+            blocks += balance_blocks(str(path.relative_to(root)), r["balance"], files)
+    return blocks
+
+
+def balance_blocks(label: str, balance: dict, files: Path) -> list:
+    """The straggler report of a record trained with --balance: per-rank times and waits, shares over the run."""
+    s, last = balance["straggler"], balance["history"][-1]
+    changes = sum(1 for h in balance["history"] if "new_shares" in h)
+    blocks: list = [("h3", f"Stragglers: {label}"),
+                     ("p", f"--balance {balance['mode']}, re-measured every {balance['every']} steps "
+                           f"({len(balance['history'])} windows, {changes} share changes; global batch "
+                           f"{balance['global_batch']}). Local time: loading, forward and backward up to the rank's "
+                           "last gradient; wait: the rest of the step (the others, the all-reduce's tail, the "
+                           "optimizer). Means over the windows; per-sample time: the last smoothed value "
+                           "(docs/BALANCE.md).")]
+    blocks.append(("table", ["rank", "final share (samples)", "per-sample (ms)", "step (ms)", "local (ms)",
+                             "wait (ms)"],
+                   [[r, balance["final_shares"][r], fmt(last["per_sample_ms"][r], 3), _ms(s["step_s"][r]),
+                     _ms(s["local_s"][r]), _ms(s["wait_s"][r])] for r in range(s["ranks"])]))
+    blocks.append(("p", f"Slowest rank {s['slowest_rank']}. Predicted step at the last measured speeds: "
+                        f"{_ms(s['uniform_step_s'])} ms with equal shares, {_ms(s['balanced_step_s'])} ms with shares "
+                        f"proportional to speed ({s['balancing_gain']:.2f}x"
+                        + (", worth --balance speed" if s["balancing_gain"] >= 1.05 and balance["mode"] != "speed"
+                           else "") + f"; {_ms(s['overhead_s'])} ms of each step is not the slowest rank's local "
+                        "work)."))
+    blocks.append(_figure(files, f"balance-{_slug(label)}", plots.balance_over_steps, balance, label))
     return blocks
 
 

@@ -51,6 +51,11 @@ def check_run(config: TrainConfig, data, workers: int):
     from ddtrain.sync import check_options
     check_options(config.strategy, config.sync)   # an option the strategy does not read, set, is refused
     r = config.recipe
+    from ddtrain.sync import strategy_spec
+    from ddtrain.training import balance
+    balance.check(config.data.balance, synchronous=strategy_spec(config.strategy).synchronous,
+                  strategy=config.strategy, global_batch=r.global_batch_size, workers=workers,
+                  grad_accum=r.grad_accum, sharding=config.data.sharding)
     per_rank = len(data.train) // workers
     if r.batch_size > per_rank:
         where = f"{len(data.train)} training samples over {workers} worker(s) is {per_rank} each"

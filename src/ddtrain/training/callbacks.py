@@ -73,3 +73,4 @@ class TrainState:
     preemption: Preemption | None = None        # with a checkpoint_dir: stop and save on SIGTERM and the like
     schedule: Any = None                # the lr schedule (ddtrain.recipe.Schedule), when not constant
     updates_per_epoch: int = 0          # optimizer steps in an epoch (micro-batches // grad_accum)
+    balancer: Any = None                # with --balance on the workers of a distributed run (training.balance)

@@ -34,7 +34,8 @@ from ddtrain.reliability.preemption import Preemption, write_report
 from ddtrain.reliability.replicas import ReplicaCheck
 from ddtrain.sync import strategy_spec, wrap
 from ddtrain import recipe
-from ddtrain.training import compiled
+from ddtrain.training import balance, compiled
+from ddtrain.training.balance import Balancer
 from ddtrain.training.build import check_run
 from ddtrain.training.callbacks import TrainState, bound
 from ddtrain.training.evaluate import Meter, autocast, evaluate
@@ -124,6 +125,14 @@ def _fit(model, data, config, optimizer, loss_fn, callbacks, workers, preemption
     options = config.reliability
     state.nonfinite = NonfiniteGuard(options.on_nonfinite, module=strategy.module, scaler=scaler, device=device,
                                      group=strategy.group, info=info)
+    if config.data.balance != "none" and distributed and strategy.role == "worker" and strategy.workers > 1:
+        state.balancer = Balancer(config.data.balance, workers=strategy.workers, worker_rank=strategy.worker_rank,
+                                  global_batch=record["global_batch_size"], grad_accum=config.recipe.grad_accum,
+                                  every=config.data.balance_every, group=strategy.group, device=device,
+                                  lookahead=loader.lookahead(), updates_per_epoch=per_epoch)
+        if state.balancer.unequal:
+            loader.share_by(state.balancer.schedule, strategy.worker_rank, config.recipe.grad_accum)
+        state.balancer.attach(strategy.module)
     if distributed and strategy.role == "worker":
         state.replicas = ReplicaCheck(strategy, check_every=config.sync.check_every,
                                       on_mismatch=options.on_mismatch, info=info)
@@ -172,6 +181,9 @@ def _fit(model, data, config, optimizer, loss_fn, callbacks, workers, preemption
     for handle in (schedule, clip):  # the optimizer may outlive the run (passed in by the caller)
         if handle is not None:
             handle.remove()
+    if state.balancer is not None:
+        state.balancer.detach()
+        record["balance"] = state.balancer.record()   # every worker gathered the same numbers
     strategy.finish()
     strategy.update_stats()
     record["comm"] = _gather_stats(strategy, distributed)
@@ -212,6 +224,11 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
                                              if strategy.spec.sync_in_backward else "")
     step, rank0 = state.step, runtime.rank() == 0 and not config.quiet
     compiling = config.compile
+    balancer = state.balancer
+    # unequal shares: each micro-batch's mean loss x its samples x R / G, so the average over the workers is the
+    # global batch's mean gradient (equal shares: the factor is 1 and is left out)
+    weigh = (lambda samples: balance.loss_weight(samples, strategy.workers, state.record["global_batch_size"])) \
+        if balancer is not None and balancer.unequal else None
     k, per_epoch = config.recipe.grad_accum, state.updates_per_epoch
     # the first k-1 micro-batches' backward passes communicate nothing (the strategy's no_sync:
     # DDP's own for the DDP-based strategies; the others communicate in the optimizer step anyway)
@@ -233,6 +250,9 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
         steps_done, took = checkpointer.enter_epoch(epoch, meter) if checkpointer is not None else (0, 0.0)
         start -= took  # a resumed epoch counts the time its first part took
         state.steps_done = steps_done
+        loader.first_step = step - steps_done   # the shares of --balance speed are those of the global step
+        if balancer is not None:
+            balancer.start()
         # with --log-every the step lines already say how far it is: no plain progress lines besides
         left = min(per_epoch, steps_done + max_steps - step) if max_steps else per_epoch   # --steps may end it early
         bar = ProgressBar(left, f"Epoch {epoch}/{state.epochs}", enabled=rank0,
@@ -255,10 +275,12 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
                     out = step_model(x)
                     loss = loss_fn(out.float(), y)
                 nonfinite.check_loss(loss, step)
-                (scaler.scale(loss) if scaler else loss).backward()
+                weighted = loss * weigh(y.shape[0]) if weigh is not None else loss
+                (scaler.scale(weighted) if scaler else weighted).backward()
                 seen = [(loss, out, y)]
             else:
-                loss, seen = _accumulate(group, step_model, loss_fn, no_sync, nonfinite, scaler, device, amp, step)
+                loss, seen = _accumulate(group, step_model, loss_fn, no_sync, nonfinite, scaler, device, amp, step,
+                                         weigh)
             t_compute = time.perf_counter()
             applied = nonfinite.step_ok(step)
             if not applied:  # non-finite and on_nonfinite="skip": every rank skips it
@@ -280,6 +302,8 @@ def _train_epochs(state: TrainState, step_model, loader, loss_fn, distributed: b
             step += 1
             steps_done += 1
             state.step, state.steps_done = step, steps_done
+            if balancer is not None:   # every balance_every steps a collective: the same steps on every worker
+                balancer.step_end(step, sum(y.shape[0] for _, y in group), step - steps_done)
             end_of_epoch = steps_done == per_epoch
             saved = checkpointer is not None and checkpointer.due(step, end_of_epoch)
             if saved:
@@ -355,12 +379,13 @@ def _groups(batches, k: int):
             group = []
 
 
-def _accumulate(group, step_model, loss_fn, no_sync, nonfinite, scaler, device, amp, step):
+def _accumulate(group, step_model, loss_fn, no_sync, nonfinite, scaler, device, amp, step, weigh=None):
     """Forward and backward of each micro-batch, the gradient communicated with the last one only.
 
     Each micro-batch's mean loss is weighted by its share of the group's samples, so the summed
     gradient is that of the mean loss over all of them: k micro-batches of B give the step of one
-    batch of k*B. Returns (the group's mean loss, [(loss, output, target) per micro-batch]).
+    batch of k*B. ``weigh`` (unequal shares, ``training.balance``): the weight of a micro-batch of
+    n samples instead, n x R / G. Returns (the group's mean loss, [(loss, output, target) per micro-batch]).
     """
     total = sum(y.shape[0] for _, y in group)
     seen = []
@@ -370,7 +395,7 @@ def _accumulate(group, step_model, loss_fn, no_sync, nonfinite, scaler, device, 
                 out = step_model(x)
                 loss = loss_fn(out.float(), y)
             nonfinite.check_loss(loss, step)
-            share = loss * (y.shape[0] / total)
+            share = loss * (weigh(y.shape[0]) if weigh is not None else y.shape[0] / total)
             (scaler.scale(share) if scaler else share).backward()
         seen.append((loss, out, y))
     mean = sum(loss.detach() * (y.shape[0] / total) for loss, _, y in seen)

@@ -149,7 +149,8 @@ def prepared_batches(loader: DataLoader, workers: int, remainder: str) -> int | 
 
 def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strategy: str | None = None, seed: int = 0,
             checkpoint_dir: str | None | bool = None, checkpoint_every: int = 0, global_batch_size: int | None = None,
-            grad_accum: int = 1, remainder: str = "pad", eval_remainder: str | None = None, **options):
+            grad_accum: int = 1, remainder: str = "pad", eval_remainder: str | None = None, balance: str = "none",
+            **options):
     """``(model, optimizer, *loaders)`` set up for ``strategy`` on this rank (see the module doc).
 
     ``optimizer``: one optimizer, a list of them (returned as a list), or None. ``loaders``:
@@ -168,7 +169,13 @@ def prepare(model: torch.nn.Module, optimizer=None, *loaders: DataLoader, strate
     the last whole global batch instead. ``options``: SyncOptions fields
     (``find_unused_parameters=True``, ``sync_every=4``, ``servers=2``...) and ``broadcast_buffers``.
     Without loaders the third value is None (``model, optimizer, _ = prepare(model, optimizer)``).
+    ``balance``: only "none" so far (``ddtrain train --balance`` has "speed" and "measure"; docs/BALANCE.md
+    says what the prepare path still lacks).
     """
+    if balance != "none":
+        raise DDTrainError(f"prepare(balance={balance!r}) is not supported yet: the prepared loader shares a fixed "
+                           "per-rank batch; ddtrain train --balance (and ddtrain.fit) balance unequal workers "
+                           "(docs/BALANCE.md, 'prepare()')")
     runtime.init()
     strategy = strategy or os.environ.get(STRATEGY_ENV) or "ddp"   # `ddtrain run --strategy S` sets the variable
     _confirm_roles(strategy)

@@ -122,10 +122,14 @@ def test_default_eligibility_tries_exact_methods_only():
               _prediction("ring", step_s=0.5), _prediction("ddp", step_s=0.6), _prediction("tree", step_s=0.7),
               _prediction("butterfly", step_s=0.8)]
     assert [p.method.strategy for p in auto.choose_trials(ranked, (), 3)] == ["ring", "ddp", "tree"]
-    # allowed families get a place each (their fastest), then the next fastest of any
+    # allowed families get a place each (their fastest), then the next fastest of any; none predicted more than
+    # PRUNE_FACTOR times the fastest (ring at 0.5 s against 0.1 s)
     picked = auto.choose_trials(ranked, ("powersgd", "local-sgd"), 3)
-    assert [(p.method.strategy, p.method.compression) for p in picked] == \
-        [("ddp", "powersgd:4:2"), ("local-sgd", "none"), ("ring", "none")]
+    assert [(p.method.strategy, p.method.compression) for p in picked] == [("ddp", "powersgd:4:2"), ("local-sgd", "none")]
+    near = [_prediction("ddp", "powersgd:4:2", step_s=0.3), _prediction("local-sgd", kind="average", step_s=0.35,
+                                                                        sync_every=20), *ranked[2:]]
+    assert [(p.method.strategy, p.method.compression) for p in auto.choose_trials(near, ("powersgd", "local-sgd"), 3)] \
+        == [("ddp", "powersgd:4:2"), ("local-sgd", "none"), ("ring", "none")]
     # a risk not known within the bound is never tried, allowed or not
     risky = [_prediction("ddp", "topk:0.1", step_s=0.01, points=None), _prediction("ddp", step_s=1.0)]
     assert [p.method.compression for p in auto.choose_trials(risky, ("topk",), 3)] == ["none"]

@@ -78,6 +78,9 @@ CALIBRATION_BUDGET_S = 1.0
 SWITCH_MARGIN = 0.10               # a re-check switches only to a method measured 10 % faster
 RECHECK_GAP_WINDOWS = 3            # windows between two re-checks
 NOISE_FLOOR = 0.05                 # a drift must also move the step time by 5 %: a tiny wait's ratio is noise
+PRUNE_FACTOR = 2.0                 # a method predicted 2x slower than the fastest candidate is not tried (the
+                                   # adviser is within 20 % on the emulated cluster: docs/ADVISE.md)
+EARLY_STOP_FACTOR = 2.0            # a trial whose first timed step is 2x the best measured this round stops there
 
 
 def check_allow(text: str) -> tuple[str, ...]:
@@ -126,6 +129,9 @@ def choose_trials(ranked: list[advise.Prediction], allow: tuple[str, ...], k: in
     """The ``k`` methods to try: eligible (risk within the bound) and exact or allowed; the fastest predicted of each
     family first (so an allowed family is tried at all), then the next fastest of any."""
     usable = [p for p in ranked if p.eligible and (family(p.method) is None or family(p.method) in allow)]
+    if usable:
+        fastest = min(p.step_s for p in usable)
+        usable = [p for p in usable if p.step_s <= PRUNE_FACTOR * fastest]
     firsts, seen = [], set()
     for p in usable:
         key = family(p.method) or "exact"
@@ -286,7 +292,7 @@ class AutoStrategy(Strategy):
             self.record["step_times"].append([self.steps, seconds, self.method.label])
         self.steps += 1
         self.phase_steps += 1
-        if self.phase == "trial" and self.phase_steps >= self._trial_length(self.method):
+        if self.phase == "trial" and (self.phase_steps >= self._trial_length(self.method) or self._hopeless()):
             self._trial_done()
         elif self.phase == "committed":
             self._maybe_recheck()
@@ -388,6 +394,15 @@ class AutoStrategy(Strategy):
             return 0
         name, _, arg = method.compression.partition(":")
         return max(1, int(arg.split(":")[1]) if name == "powersgd" and arg.count(":") else 1)
+
+    def _hopeless(self) -> bool:
+        """After its first timed step, is this trial already EARLY_STOP_FACTOR x the best measured this round?
+        (One small all-reduce, once per trial: every rank stops alike.)"""
+        done = [t["measured_step_s"] for t in self.trials[:self.trial_index]]
+        if not done or self.method.kind == "average" or self.phase_steps != self._warmup(self.method) + 1:
+            return False
+        first = _agree_max([self.times[-1]])[0]
+        return first > EARLY_STOP_FACTOR * min(done)
 
     def _measured(self, method: advise.Method) -> float:
         """This rank's step of the phase just run (times[i] is the phase's step i), its warm-up left out."""

@@ -54,6 +54,7 @@ from ddtrain.costmodel.codecs import time_codecs
 from ddtrain.distributed import runtime
 from ddtrain.errors import ConfigError
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats
+from ddtrain.sync.state import handover
 
 NAME = "auto"
 # the families that change the optimisation, each with its risk in one line (--auto-allow's words)
@@ -74,7 +75,7 @@ ALLOW_WORDS = tuple(RISKS)
 COMPRESSIONS = ("none", "fp16", "bf16", "powersgd:4:2", "topk:0.1")   # powersgd: the shortest warm-up DDP allows
 LOCAL_SGD_INTERVAL, LOCAL_SGD_OUTER = 20, "nesterov"   # DiLoCo at K=20, the setting of results/diloco
 CALIBRATION_MAX_BYTES = 1 << 20    # 1 MiB: 84 ms a message at 100 Mbit/s keeps the fit short
-CALIBRATION_BUDGET_S = 1.0
+CALIBRATION_BUDGET_S = 0.6
 SWITCH_MARGIN = 0.10               # a re-check switches only to a method measured 10 % faster
 RECHECK_GAP_WINDOWS = 3            # windows between two re-checks
 NOISE_FLOOR = 0.05                 # a drift must also move the step time by 5 %: a tiny wait's ratio is noise
@@ -455,7 +456,17 @@ class AutoStrategy(Strategy):
             self.current = None
             gc.collect()              # the old DDP's reducer (its autograd hooks) goes now, not at some later step
         spec = self.strategies[method.strategy]
-        self.current = spec.build(self.module, self.optimizer, method_options(self.options, method))
+        first = before is None   # the first build broadcasts rank 0's state, as every strategy does at its start
+        with contextlib.nullcontext() if first else handover():
+            self.current = spec.build(self.module, self.optimizer, method_options(self.options, method))
+        if not first:
+            # the parameters are equal on every rank at a step boundary (exact methods by construction, local SGD
+            # after its last averaging); buffers (BatchNorm's statistics) need not be under DDP: rank 0's, as DDP's rule
+            buffers = list(self.module.buffers())
+            if buffers and dist.is_initialized() and dist.get_world_size() > 1:
+                with torch.no_grad():
+                    for b in buffers:
+                        dist.broadcast(b, 0)
         self.current.spec = spec
         self.method, self.built_at = method, self.steps
         self.phase_steps, self.times = 0, []

@@ -107,6 +107,39 @@ def test_auto_trains_what_the_committed_method_trains_from_its_switch():
     assert all(r["record"]["choice"] == results[0]["record"]["choice"] for r in results)   # every rank chose alike
 
 
+def local_sgd_then_ddp():
+    """Rank function: local SGD (K=4, DiLoCo's outer step) for 6 steps, a handover to ddp mid-interval, 3 ddp steps."""
+    import torch.distributed as dist
+    from ddtrain.sync import wrap
+    rank = dist.get_rank()
+    x, y = _data()
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    strategy = wrap("auto", model, optimizer, SyncOptions(auto_allow="local-sgd"))
+    strategy._switch_to(advise.Method(strategy="local-sgd", algorithm="ring", kind="average", sync_every=4,
+                                      outer="nesterov"), "test")
+    _steps(strategy, model, optimizer, x, y, rank, 0, 6)
+    momentum = [optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    strategy._switch_to(advise.Method(strategy="ddp", algorithm="native", kind="gradient"), "test")
+    handed = [optimizer.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    _steps(strategy, model, optimizer, x, y, rank, 6, 9)
+    strategy.finish()
+    return {"before": momentum, "handed": handed, "params": [p.detach().clone() for p in model.parameters()]}
+
+
+@pytest.mark.slow
+def test_leaving_local_sgd_hands_over_one_state():
+    """The ranks' own momentum after local steps is averaged at the handover; ddp then keeps the replicas equal."""
+    results = run_ranks(local_sgd_then_ddp, WORLD, timeout_s=120)
+    assert any(not torch.equal(a, b) for a, b in zip(results[0]["before"], results[1]["before"]))   # local: apart
+    mean = [sum(r["before"][i] for r in results) / WORLD for i in range(len(results[0]["before"]))]
+    for r in results:
+        for got, want in zip(r["handed"], mean):
+            assert torch.allclose(got, want, rtol=1e-5, atol=1e-7)
+        for got, want in zip(r["params"], results[0]["params"]):
+            assert torch.equal(got, want)
+
+
 def _prediction(label_strategy, compression="none", kind="gradient", step_s=1.0, points=0.0, sync_every=1):
     method = advise.Method(strategy=label_strategy, algorithm=label_strategy, kind=kind, compression=compression,
                            sync_every=sync_every, outer="nesterov" if kind == "average" else "average")

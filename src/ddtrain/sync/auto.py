@@ -54,7 +54,7 @@ from ddtrain.costmodel.codecs import time_codecs
 from ddtrain.distributed import runtime
 from ddtrain.errors import ConfigError
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats
-from ddtrain.sync.state import handover
+from ddtrain.sync.state import average_, handover
 
 NAME = "auto"
 # the families that change the optimisation, each with its risk in one line (--auto-allow's words)
@@ -197,6 +197,19 @@ def compute_seconds(module: nn.Module, args, kwargs, repeats: int = 2) -> float:
         if cuda_rng is not None:
             torch.cuda.set_rng_state_all(cuda_rng)
     return statistics.median(times)
+
+
+def optimizer_tensors(optimizer) -> list[torch.Tensor]:
+    """The floating-point tensors of an optimizer's state (momentum, Adam's moments), in a fixed order on every rank."""
+    optimizers = optimizer if isinstance(optimizer, list) else [optimizer]
+    out = []
+    for opt in optimizers:
+        for group in opt.param_groups:
+            for p in group["params"]:
+                state = opt.state.get(p, {})
+                out += [state[k] for k in sorted(state) if isinstance(state[k], torch.Tensor)
+                        and state[k].is_floating_point() and state[k].dim() > 0]
+    return out
 
 
 def _agree_max(values: list[float]) -> list[float]:
@@ -451,6 +464,10 @@ class AutoStrategy(Strategy):
         before = self.method.label if self.method else None
         if self.current is not None:
             self.current.finish()     # local SGD averages (the replicas equal again); hooks and threads end
+            if not self.current.spec.replicated:
+                # local steps left each rank its own optimizer state (momentum of its own gradients): the method
+                # coming next steps one global state, so the ranks' are averaged (exactly what DDP's step needs)
+                average_(optimizer_tensors(self.optimizer), algorithm="ring")
             self.current.update_stats()
             self.record.setdefault("left", []).append({"label": before, "stats": self.current.stats.as_dict()})
             self.current = None

@@ -204,3 +204,32 @@ def test_compute_timing_leaves_no_trace():
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())   # BatchNorm's statistics
     assert all(torch.equal(g, p.grad) for g, p in zip(grads, model.parameters()))
     assert torch.equal(rng, torch.get_rng_state())
+
+
+def prepared_script():
+    """A prepare() script with strategy="auto": what it trains, and auto's record read from the prepared model."""
+    import ddtrain
+    from torch.utils.data import DataLoader, TensorDataset
+    torch.manual_seed(0)
+    model = _model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    data = TensorDataset(torch.randn(120, 7, generator=torch.Generator().manual_seed(1)),
+                         torch.randint(0, 3, (120,), generator=torch.Generator().manual_seed(2)))
+    model, optimizer, loader = ddtrain.prepare(model, optimizer, DataLoader(data, batch_size=BATCH), strategy="auto",
+                                               auto_trial_steps=2, auto_candidates=2)
+    for _ in range(2):   # 8 steps a pass
+        for x, y in loader:
+            F.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+    record = model.strategy.run_record()
+    ddtrain.shutdown()
+    return [p.detach().clone() for p in model.module.parameters()], record["choice"], len(record["trials"])
+
+
+@pytest.mark.slow
+def test_prepare_path_chooses_and_keeps_the_replicas_equal():
+    results = run_ranks(prepared_script, WORLD, timeout_s=180)
+    for params, choice, trials in results:
+        assert choice is not None and choice == results[0][1] and trials == 2
+        assert all(torch.equal(a, b) for a, b in zip(params, results[0][0]))

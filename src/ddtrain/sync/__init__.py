@@ -71,9 +71,9 @@ for _spec in (
     StrategySpec(name="local-sgd", build=LocalSGDStrategy, replicated=False, periodic=True, synchronous=False,
                  options=("sync_every", *LOCAL_SGD_OPTIONS), sends="average", averaging_algorithm=LOCAL_SGD_ALGORITHM,
                  summary="local steps; parameters averaged every --sync-every steps"),
-    StrategySpec(name=AUTO_NAME, build=AutoStrategy, replicated=False, checkpointable=False, synchronous=False,
-                 check=auto_check,
-                 options=AUTO_OPTIONS, not_predicted="chooses among the others",
+    StrategySpec(name=AUTO_NAME, build=partial(AutoStrategy, strategies=STRATEGIES), replicated=False,
+                 checkpointable=False, synchronous=False, check=auto_check, options=AUTO_OPTIONS,
+                 not_predicted="chooses among the others",
                  summary="tries the predicted best methods on the job's links, keeps the fastest (docs/AUTO.md)"),
 ):
     register_strategy(_spec)

@@ -237,9 +237,9 @@ class AutoModel(nn.Module):
 class AutoStrategy(Strategy):
     """``auto``: the methods it tries and commits to run inside it (``current``), one at a time."""
 
-    def __init__(self, model: nn.Module, optimizer, options: SyncOptions):
-        from ddtrain.sync import STRATEGIES   # the registry imports this module
-        self.strategies = {n: s for n, s in STRATEGIES.items() if n != NAME}
+    def __init__(self, model: nn.Module, optimizer, options: SyncOptions, *, strategies: dict):
+        # ``strategies``: ddtrain.sync.STRATEGIES, given by its registration line (the registry imports this module)
+        self.strategies = {n: s for n, s in strategies.items() if n != NAME}
         self.options, self.allow = options, check_allow(options.auto_allow)
         super().__init__(AutoModel(model, self._forward), optimizer, module=model,
                          stats=SyncStats(method="the committed method's (auto)"))

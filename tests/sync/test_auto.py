@@ -233,3 +233,12 @@ def test_prepare_path_chooses_and_keeps_the_replicas_equal():
     for params, choice, trials in results:
         assert choice is not None and choice == results[0][1] and trials == 2
         assert all(torch.equal(a, b) for a, b in zip(params, results[0][0]))
+
+
+def test_drift_is_a_moved_wait_not_noise():
+    # compute 100 ms; the choice measured 300 ms (wait 200 ms)
+    assert auto.drifted(0.420, 0.300, 0.100, 1.5) == (True, pytest.approx(1.6))     # link slower: wait x1.6
+    assert auto.drifted(0.210, 0.300, 0.100, 1.5) == (True, pytest.approx(0.55))    # link faster: wait x0.55
+    assert not auto.drifted(0.380, 0.300, 0.100, 1.5)[0]                            # x1.4: within the factor
+    # a tiny wait (1 ms -> 3 ms) triples, but the step moved by 2 %: noise
+    assert not auto.drifted(0.103, 0.101, 0.100, 1.5)[0]

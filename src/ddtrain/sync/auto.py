@@ -503,11 +503,10 @@ class AutoStrategy(Strategy):
         if not factor or self.phase_steps % window or len(self.times) < window:
             return
         now = _agree_max([self._window(window)])[0]
-        wait = max(now - self.compute_s, 0.0)
         base = self.baseline
-        ratio = (wait + 1e-9) / (base["wait_s"] + 1e-9)
-        moved = abs(now - base["step_s"]) > NOISE_FLOOR * base["step_s"]
-        if not (moved and (ratio > factor or ratio < 1 / factor)):
+        wait = max(now - self.compute_s, 0.0)
+        moved, ratio = drifted(now, base["step_s"], self.compute_s, factor)
+        if not moved:
             return
         if self.steps - self.last_recheck < RECHECK_GAP_WINDOWS * window:
             return
@@ -525,6 +524,15 @@ class AutoStrategy(Strategy):
     def _window(self, window: int) -> float:
         recent = self.times[-window:]
         return sum(recent) / len(recent) if self.method.kind == "average" else statistics.median(recent)
+
+
+def drifted(step_s: float, baseline_step_s: float, compute_s: float, factor: float) -> tuple[bool, float]:
+    """(has the communication wait moved by ``factor`` either way, its ratio): the wait is the step time less the
+    compute step; a move must also change the step time by NOISE_FLOOR (a tiny wait's ratio is noise)."""
+    wait, base = max(step_s - compute_s, 0.0), max(baseline_step_s - compute_s, 0.0)
+    ratio = (wait + 1e-9) / (base + 1e-9)
+    moved = abs(step_s - baseline_step_s) > NOISE_FLOOR * baseline_step_s
+    return moved and (ratio > factor or ratio < 1 / factor), ratio
 
 
 def family_of_spec(spec: str) -> str | None:

@@ -79,6 +79,8 @@ CALIBRATION_BUDGET_S = 0.6
 SWITCH_MARGIN = 0.10               # a re-check switches only to a method measured 10 % faster
 RECHECK_GAP_WINDOWS = 3            # windows between two re-checks
 NOISE_FLOOR = 0.05                 # a drift must also move the step time by 5 %: a tiny wait's ratio is noise
+WAIT_FLOOR = 0.10                  # waits below 10 % of the step count as 10 %: a machine's load moves them that much
+DRIFT_WINDOWS = 2                  # a drift must hold for this many windows in a row (one slow window is load)
 PRUNE_FACTOR = 2.0                 # a method predicted 2x slower than the fastest candidate is not tried (the
                                    # adviser is within 20 % on the emulated cluster: docs/ADVISE.md)
 EARLY_STOP_FACTOR = 2.0            # a trial whose first timed step is 2x the best measured this round stops there
@@ -255,6 +257,7 @@ class AutoStrategy(Strategy):
         self.compute_s = 0.0
         self.baseline: dict | None = None    # the committed method's measured step and wait
         self.last_recheck = 0
+        self.drifting = 0                    # windows in a row whose wait moved by the factor
         self.record = {"allow": list(self.allow), "risks": {w: RISKS[w] for w in self.allow},
                        "candidates": options.auto_candidates, "trial_steps": options.auto_trial_steps,
                        "recheck_factor": options.auto_recheck, "switch_margin": SWITCH_MARGIN,
@@ -506,10 +509,10 @@ class AutoStrategy(Strategy):
         base = self.baseline
         wait = max(now - self.compute_s, 0.0)
         moved, ratio = drifted(now, base["step_s"], self.compute_s, factor)
-        if not moved:
+        self.drifting = self.drifting + 1 if moved else 0
+        if self.drifting < DRIFT_WINDOWS or self.steps - self.last_recheck < RECHECK_GAP_WINDOWS * window:
             return
-        if self.steps - self.last_recheck < RECHECK_GAP_WINDOWS * window:
-            return
+        self.drifting = 0
         entry = {"step": self.steps, "label": self.method.label, "step_s": now, "wait_s": wait,
                  "baseline_step_s": base["step_s"], "baseline_wait_s": base["wait_s"], "ratio": ratio}
         self.record["rechecks"].append(entry)
@@ -529,8 +532,9 @@ class AutoStrategy(Strategy):
 def drifted(step_s: float, baseline_step_s: float, compute_s: float, factor: float) -> tuple[bool, float]:
     """(has the communication wait moved by ``factor`` either way, its ratio): the wait is the step time less the
     compute step; a move must also change the step time by NOISE_FLOOR (a tiny wait's ratio is noise)."""
-    wait, base = max(step_s - compute_s, 0.0), max(baseline_step_s - compute_s, 0.0)
-    ratio = (wait + 1e-9) / (base + 1e-9)
+    floor = WAIT_FLOOR * baseline_step_s   # a wait below a tenth of the step is "none": its ratio is noise
+    wait, base = max(step_s - compute_s, floor), max(baseline_step_s - compute_s, floor)
+    ratio = wait / base if base > 0 else 1.0
     moved = abs(step_s - baseline_step_s) > NOISE_FLOOR * baseline_step_s
     return moved and (ratio > factor or ratio < 1 / factor), ratio
 

@@ -49,7 +49,7 @@ import torch.nn as nn
 
 from ddtrain.costmodel import advise
 from ddtrain.costmodel.burst import TokenBucket
-from ddtrain.costmodel.calibration import calibrate
+from ddtrain.costmodel.calibration import calibrate, exchange_time
 from ddtrain.costmodel.codecs import time_codecs
 from ddtrain.distributed import runtime
 from ddtrain.errors import ConfigError
@@ -81,6 +81,9 @@ RECHECK_GAP_WINDOWS = 3            # windows between two re-checks
 NOISE_FLOOR = 0.05                 # a drift must also move the step time by 5 %: a tiny wait's ratio is noise
 WAIT_FLOOR = 0.10                  # waits below 10 % of the step count as 10 %: a machine's load moves them that much
 DRIFT_WINDOWS = 2                  # a drift must hold for this many windows in a row (one slow window is load)
+LINK_PROBE_BYTES = 128 << 10       # the link itself, timed every window: a pairwise exchange of 128 KiB (10 ms at
+LINK_PROBE_BUDGET_S = 0.02         # 100 Mbit/s, four of them); a faster link shows here even when the method running
+                                   # does not wait on it (PowerSGD's step is its codec's), so another may now be faster
 PRUNE_FACTOR = 2.0                 # a method predicted 2x slower than the fastest candidate is not tried (the
                                    # adviser is within 20 % on the emulated cluster: docs/ADVISE.md)
 EARLY_STOP_FACTOR = 2.0            # a trial whose first timed step is 2x the best measured this round stops there
@@ -458,6 +461,8 @@ class AutoStrategy(Strategy):
         self.record.setdefault("choices", []).append(choice)
         self.phase = "committed"
         self.baseline = {"step_s": best["measured_step_s"], "wait_s": max(best["measured_step_s"] - self.compute_s, 0.0)}
+        if self.options.auto_recheck:
+            self.baseline["link_s"] = self._probe_link()
         self.last_recheck = self.steps
 
     def _switch_to(self, method: advise.Method, why: str) -> None:
@@ -509,20 +514,32 @@ class AutoStrategy(Strategy):
         base = self.baseline
         wait = max(now - self.compute_s, 0.0)
         moved, ratio = drifted(now, base["step_s"], self.compute_s, factor)
+        link = self._probe_link()
+        link_ratio = link / base["link_s"] if base.get("link_s") else 1.0
+        moved = moved or link_ratio > factor or link_ratio < 1 / factor
         self.drifting = self.drifting + 1 if moved else 0
         if self.drifting < DRIFT_WINDOWS or self.steps - self.last_recheck < RECHECK_GAP_WINDOWS * window:
             return
         self.drifting = 0
         entry = {"step": self.steps, "label": self.method.label, "step_s": now, "wait_s": wait,
-                 "baseline_step_s": base["step_s"], "baseline_wait_s": base["wait_s"], "ratio": ratio}
+                 "baseline_step_s": base["step_s"], "baseline_wait_s": base["wait_s"], "ratio": ratio,
+                 "link_s": link, "baseline_link_s": base.get("link_s"), "link_ratio": link_ratio}
         self.record["rechecks"].append(entry)
         runtime.print0(f"auto: step {self.steps}: the communication wait of {self.method.label} moved x{ratio:.2f} "
-                       f"({1e3 * base['wait_s']:.1f} -> {1e3 * wait:.1f} ms); re-ranking")
+                       f"({1e3 * base['wait_s']:.1f} -> {1e3 * wait:.1f} ms), the link's 128 KiB exchange "
+                       f"x{link_ratio:.2f}; re-ranking")
         start = time.perf_counter()
         self._predict(first=False)
         self.record["selection_s"] += time.perf_counter() - start
         self.last_recheck = self.steps
         self._begin_round("recheck")
+
+    def _probe_link(self) -> float:
+        """Seconds of a pairwise exchange of LINK_PROBE_BYTES (slowest rank); its time counts as selection time."""
+        start = time.perf_counter()
+        seconds = exchange_time(LINK_PROBE_BYTES, budget_s=LINK_PROBE_BUDGET_S)
+        self.record["selection_s"] += time.perf_counter() - start
+        return seconds
 
     def _window(self, window: int) -> float:
         recent = self.times[-window:]

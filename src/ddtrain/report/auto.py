@@ -31,9 +31,9 @@ def auto_blocks(name: str, record: dict, figure) -> list:
     blocks.append(("table", ["step", "from", "to", "why", "build (s)"],
                    [[s["step"], s["from"] or "-", s["to"], s["why"], fmt(s["seconds"], 3)] for s in auto["switches"]]))
     if auto.get("rechecks"):
-        blocks.append(("table", ["step", "method", "wait before (ms)", "wait now (ms)", "ratio"],
-                       [[r["step"], r["label"], _ms(r["baseline_wait_s"]), _ms(r["wait_s"]), fmt(r["ratio"], 2)]
-                        for r in auto["rechecks"]]))
+        blocks.append(("table", ["step", "method", "wait before (ms)", "wait now (ms)", "ratio", "link probe ratio"],
+                       [[r["step"], r["label"], _ms(r["baseline_wait_s"]), _ms(r["wait_s"]), fmt(r["ratio"], 2),
+                         fmt(r.get("link_ratio"), 2)] for r in auto["rechecks"]]))
     if auto.get("step_times"):
         blocks.append(figure(f"auto-steps-{name}", step_times, auto, name))
     return blocks

@@ -32,6 +32,7 @@ def test_tables_say_what_was_tried_and_chosen():
     assert blocks[-1] == ("img", "auto-steps-run.json", "t")
 
 
+@pytest.mark.slow   # importing matplotlib takes seconds on the shared 2-core machine
 def test_step_time_picture(tmp_path):
     pytest.importorskip("matplotlib")
     title = step_times(AUTO, "run.json", tmp_path / "steps.png")

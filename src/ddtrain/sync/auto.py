@@ -80,7 +80,7 @@ SWITCH_MARGIN = 0.10               # a re-check switches only to a method measur
 RECHECK_GAP_WINDOWS = 3            # windows between two re-checks
 NOISE_FLOOR = 0.05                 # a drift must also move the step time by 5 %: a tiny wait's ratio is noise
 WAIT_FLOOR = 0.10                  # waits below 10 % of the step count as 10 %: a machine's load moves them that much
-DRIFT_WINDOWS = 2                  # a drift must hold for this many windows in a row (one slow window is load)
+DRIFT_WINDOWS = 3                  # a drift must hold for this many windows in a row (slow windows are load)
 LINK_PROBE_BYTES = 128 << 10       # the link itself, timed every window: a pairwise exchange of 128 KiB (10 ms at
 LINK_PROBE_BUDGET_S = 0.02         # 100 Mbit/s, four of them); a faster link shows here even when the method running
                                    # does not wait on it (PowerSGD's step is its codec's), so another may now be faster
@@ -463,6 +463,7 @@ class AutoStrategy(Strategy):
         self.baseline = {"step_s": best["measured_step_s"], "wait_s": max(best["measured_step_s"] - self.compute_s, 0.0)}
         if self.options.auto_recheck:
             self.baseline["link_s"] = self._probe_link()
+            self.baseline["link_probes"] = [self.baseline["link_s"]]
         self.last_recheck = self.steps
 
     def _switch_to(self, method: advise.Method, why: str) -> None:
@@ -515,15 +516,21 @@ class AutoStrategy(Strategy):
         wait = max(now - self.compute_s, 0.0)
         moved, ratio = drifted(now, base["step_s"], self.compute_s, factor)
         link = self._probe_link()
-        link_ratio = link / base["link_s"] if base.get("link_s") else 1.0
-        moved = moved or link_ratio > factor or link_ratio < 1 / factor
+        # the link's baseline: the median of the probes since the choice (one probe taken in a load spike would
+        # make every later one look faster); a drifting window's probe does not join it
+        link_base = statistics.median(base["link_probes"]) if base.get("link_probes") else None
+        link_ratio = link / link_base if link_base else 1.0
+        link_moved = link_ratio > factor or link_ratio < 1 / factor
+        if link_base and not link_moved:
+            base["link_probes"] = (base["link_probes"] + [link])[-5:]
+        moved = moved or link_moved
         self.drifting = self.drifting + 1 if moved else 0
         if self.drifting < DRIFT_WINDOWS or self.steps - self.last_recheck < RECHECK_GAP_WINDOWS * window:
             return
         self.drifting = 0
         entry = {"step": self.steps, "label": self.method.label, "step_s": now, "wait_s": wait,
                  "baseline_step_s": base["step_s"], "baseline_wait_s": base["wait_s"], "ratio": ratio,
-                 "link_s": link, "baseline_link_s": base.get("link_s"), "link_ratio": link_ratio}
+                 "link_s": link, "baseline_link_s": link_base, "link_ratio": link_ratio}
         self.record["rechecks"].append(entry)
         runtime.print0(f"auto: step {self.steps}: the communication wait of {self.method.label} moved x{ratio:.2f} "
                        f"({1e3 * base['wait_s']:.1f} -> {1e3 * wait:.1f} ms), the link's 128 KiB exchange "

@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 from ddtrain.report import plots
+from ddtrain.report.auto import auto_blocks
 from ddtrain.bench.tables import fmt
 from ddtrain.config import record_settings
 
@@ -214,6 +215,8 @@ def records_blocks(records: list[tuple[Path, dict]], root: Path, files: Path) ->
             blocks.append(_figure(files, f"timeline-{name}", plots.utilisation_timeline, r, str(path.relative_to(root))))
         if (r.get("balance") or {}).get("history"):
             blocks += balance_blocks(str(path.relative_to(root)), r["balance"], files)
+        if r.get("auto"):   # --strategy auto: its trials, switches and choice (report/auto.py)
+            blocks += auto_blocks(str(path.relative_to(root)), r, lambda slug, draw, *a: _figure(files, slug, draw, *a))
     return blocks
 
 

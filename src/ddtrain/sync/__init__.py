@@ -24,12 +24,13 @@ from ddtrain import comm
 from ddtrain.distributed import runtime
 from ddtrain.errors import ConfigError, choice_error
 from ddtrain.sync.allreduce import AllReduceStrategy, build_ddp
+from ddtrain.sync.auto import NAME as AUTO_NAME, AutoStrategy, check as auto_check
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats, single_process
 from ddtrain.sync.hybrid import HybridStrategy
 from ddtrain.sync.local_sgd import ALGORITHM as LOCAL_SGD_ALGORITHM, LocalSGDStrategy
 from ddtrain.sync.ps.protocol import wire_dtype
 from ddtrain.sync.ps.strategy import build_param_server
-from ddtrain.sync.spec import LOCAL_SGD_OPTIONS, StrategySpec
+from ddtrain.sync.spec import AUTO_OPTIONS, LOCAL_SGD_OPTIONS, StrategySpec
 
 STRATEGIES: dict[str, StrategySpec] = {}
 
@@ -70,6 +71,10 @@ for _spec in (
     StrategySpec(name="local-sgd", build=LocalSGDStrategy, replicated=False, periodic=True, synchronous=False,
                  options=("sync_every", *LOCAL_SGD_OPTIONS), sends="average", averaging_algorithm=LOCAL_SGD_ALGORITHM,
                  summary="local steps; parameters averaged every --sync-every steps"),
+    StrategySpec(name=AUTO_NAME, build=partial(AutoStrategy, strategies=STRATEGIES), replicated=False,
+                 checkpointable=False, synchronous=False, check=auto_check, options=AUTO_OPTIONS,
+                 not_predicted="chooses among the others",
+                 summary="tries the predicted best methods on the job's links, keeps the fastest (docs/AUTO.md)"),
 ):
     register_strategy(_spec)
 

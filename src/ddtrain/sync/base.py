@@ -56,6 +56,10 @@ class SyncOptions:
     adaptive_comm_fraction: float = field(default=0.1, metadata={"agree": True, "resume": "may-change"})   # local-sgd --adaptive-interval: the averaging may take this fraction of the interval's compute time
     adaptive_max_divergence: float = field(default=0.1, metadata={"agree": True, "resume": "may-change"})   # local-sgd --adaptive-interval: bound on the replicas' relative spread at an averaging (docs/PERFORMANCE.md; 0.026-0.147 measured at K=20 on MNIST, where DiLoCo matched ddp: results/diloco/cluster_100mbit.json)
     compression: str = field(default="none", metadata={"agree": True, "resume": "may-change"})   # gradient compression: none, fp16, bf16, powersgd:RANK[:WARMUP_STEPS], topk:FRACTION (docs/ALGORITHMS.md)
+    auto_allow: str = field(default="", metadata={"agree": True, "resume": "may-change"})   # auto: method families that change the optimisation it may choose, comma-separated: fp16, bf16, powersgd, topk, local-sgd (default: exact methods only; docs/AUTO.md states each risk)
+    auto_candidates: int = field(default=3, metadata={"agree": True, "resume": "may-change"})   # auto: how many of the predicted best methods it tries on the job's links
+    auto_trial_steps: int = field(default=5, metadata={"agree": True, "resume": "may-change"})   # auto: timed steps of each trial (after its warm-up; local SGD: whole intervals)
+    auto_recheck: float = field(default=1.5, metadata={"agree": True, "resume": "may-change"})   # auto: re-rank and re-try when the committed method's communication wait moves by this factor (0: never)
 
     @property
     def broadcast_buffers(self) -> bool:

@@ -8,6 +8,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ddtrain.errors import DDTrainError
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats
 from ddtrain.sync.divergence import DivergenceMonitor
+from ddtrain.sync.state import in_handover
 
 
 # Devices torch's SyncBatchNorm computes its statistics on (its forward refuses the CPU)
@@ -35,7 +36,8 @@ def ddp_model(model, options: SyncOptions, comm_hook=None, hook_state=None):
                   bucket_cap_mb=options.bucket_cap_mb, find_unused_parameters=options.find_unused_parameters,
                   static_graph=options.static_graph, gradient_as_bucket_view=options.gradient_as_bucket_view,
                   # passed only when off: newer torch warns on any broadcast_buffers argument (renamed)
-                  **({} if options.broadcast_buffers else {"broadcast_buffers": False}))
+                  **({} if options.broadcast_buffers else {"broadcast_buffers": False}),
+                  **({"init_sync": False} if in_handover() else {}))   # auto's switch: the state is equal already
     if comm_hook is not None:
         wrapped.register_comm_hook(hook_state, comm_hook)
     return wrapped

@@ -19,6 +19,7 @@ READ_BY_ALL = ("check_every", "bucket_cap_mb", "find_unused_parameters", "static
                "no_broadcast_buffers")
 LOCAL_SGD_OPTIONS = ("outer_optimizer", "outer_lr", "outer_momentum", "local_sgd_warmup_steps", "adaptive_interval",
                      "adaptive_min_interval", "adaptive_max_interval", "adaptive_comm_fraction", "adaptive_max_divergence")
+AUTO_OPTIONS = ("auto_allow", "auto_candidates", "auto_trial_steps", "auto_recheck")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -187,6 +187,8 @@ def _fit(model, data, config, optimizer, loss_fn, callbacks, workers, preemption
     strategy.finish()
     strategy.update_stats()
     record["comm"] = _gather_stats(strategy, distributed)
+    if hasattr(strategy, "run_record"):   # auto: its predictions, trials, switches and choice (docs/AUTO.md)
+        record["auto"] = strategy.run_record()
     record["data_problems"] = _gather_problems(problems, scanned, distributed)
     record["final"] = {k: v for k, v in (record["epochs"][-1] if record["epochs"] else {}).items()
                        if k.startswith("val_")}

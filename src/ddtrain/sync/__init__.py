@@ -30,6 +30,7 @@ from ddtrain.sync.local_sgd import ALGORITHM as LOCAL_SGD_ALGORITHM, LocalSGDStr
 from ddtrain.sync.ps.protocol import wire_dtype
 from ddtrain.sync.ps.strategy import build_param_server
 from ddtrain.sync.spec import LOCAL_SGD_OPTIONS, StrategySpec
+from ddtrain.sync.zero import build_zero
 
 STRATEGIES: dict[str, StrategySpec] = {}
 
@@ -42,6 +43,12 @@ def register_strategy(spec: StrategySpec) -> StrategySpec:
 
 def _servers_check(options: SyncOptions) -> None:
     wire_dtype(options.compression)   # the compression methods parameter servers can carry
+
+
+def _shard_algorithm_check(options: SyncOptions) -> None:
+    if options.shard_algorithm not in comm.ALGORITHMS:
+        raise ConfigError("shard_algorithm", f"must be one of {', '.join(comm.ALGORITHMS)}, got "
+                                             f"{options.shard_algorithm!r}")
 
 
 for _spec in (
@@ -70,6 +77,12 @@ for _spec in (
     StrategySpec(name="local-sgd", build=LocalSGDStrategy, replicated=False, periodic=True, synchronous=False,
                  options=("sync_every", *LOCAL_SGD_OPTIONS), sends="average", averaging_algorithm=LOCAL_SGD_ALGORITHM,
                  summary="local steps; parameters averaged every --sync-every steps"),
+    StrategySpec(name="zero1", build=partial(build_zero, stage=1), sharded=True, options=("shard_algorithm",),
+                 check=_shard_algorithm_check, not_predicted="sharded: not modelled yet",
+                 summary="ZeRO-1: the optimizer state split over the ranks (all-reduce, shard step, all-gather)"),
+    StrategySpec(name="zero2", build=partial(build_zero, stage=2), sharded=True, options=("shard_algorithm",),
+                 check=_shard_algorithm_check, not_predicted="sharded: not modelled yet",
+                 summary="ZeRO-2: optimizer state and gradients split (reduce-scatter, shard step, all-gather)"),
 ):
     register_strategy(_spec)
 

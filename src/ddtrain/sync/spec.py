@@ -42,6 +42,7 @@ class StrategySpec:
     sends: str = ""
     averaging_algorithm: str | None = None   # the ddtrain.comm algorithm of its parameter averaging (sends="average")
     not_predicted: str = ""                  # why the adviser leaves it out (sends="")
+    sharded: bool = False           # optimizer state split over the ranks: optimizer.state_dict() is collective (gathers it)
     check: Callable | None = None   # (SyncOptions) -> None: raises ConfigError for values of its options it cannot run with
 
     def takes_option(self, name: str) -> bool:

@@ -32,6 +32,9 @@ from ddtrain.comm import ring, traffic
 from ddtrain.comm.p2p import group_info, open_comm
 
 REDUCE_SCATTER, ALL_GATHER = "zero-reduce-scatter", "zero-all-gather"
+# torch 2.13 renamed them (the old names warn); 2.4-2.12 have only the old ones
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_ALL_GATHER = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
 
 
 def shard_bounds(numel: int, parts: int) -> list[int]:
@@ -82,7 +85,7 @@ def reduce_scatter_(flat: torch.Tensor, algorithm: str, group=None) -> torch.Ten
     elif algorithm == "native":
         padded = _padded(flat, size)
         out = torch.empty(padded.numel() // size, dtype=flat.dtype, device=flat.device)
-        dist.reduce_scatter_tensor(out, padded, op=dist.ReduceOp.SUM, group=group)
+        _REDUCE_SCATTER(out, padded, op=dist.ReduceOp.SUM, group=group)
         _record_formula(REDUCE_SCATTER, out.numel() * out.element_size(), size)
         return out[:hi - lo].clone()
     else:
@@ -100,7 +103,7 @@ def all_gather_(flat: torch.Tensor, algorithm: str, group=None) -> torch.Tensor:
     if algorithm == "native":
         padded = _padded(flat, size)
         piece = padded.numel() // size
-        dist.all_gather_into_tensor(padded, padded[mine * piece:(mine + 1) * piece].clone(), group=group)
+        _ALL_GATHER(padded, padded[mine * piece:(mine + 1) * piece].clone(), group=group)
         _record_formula(ALL_GATHER, piece * padded.element_size(), size)
         if padded is not flat:
             flat.copy_(padded[:flat.numel()])

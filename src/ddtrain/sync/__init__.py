@@ -18,6 +18,7 @@ import dataclasses
 from collections.abc import Iterable
 from functools import partial
 
+import torch
 import torch.distributed as dist
 
 from ddtrain import comm
@@ -26,6 +27,7 @@ from ddtrain.errors import ConfigError, choice_error
 from ddtrain.sync.allreduce import AllReduceStrategy, build_ddp
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats, single_process
 from ddtrain.sync.hybrid import HybridStrategy
+from ddtrain.sync.memory import MemoryMeter
 from ddtrain.sync.local_sgd import ALGORITHM as LOCAL_SGD_ALGORITHM, LocalSGDStrategy
 from ddtrain.sync.ps.protocol import wire_dtype
 from ddtrain.sync.ps.strategy import build_param_server
@@ -125,6 +127,8 @@ def wrap(strategy: str, model, optimizer, options: SyncOptions | None = None) ->
     else:
         applied = single_process(model, optimizer)
     applied.spec = spec
+    if isinstance(applied.optimizer, torch.optim.Optimizer):   # every strategy's bytes, for the record (sync.memory)
+        applied.memory = MemoryMeter(applied.module, applied.optimizer)
     # ``finish`` runs once: when the loop calls it, or else at ddtrain.shutdown() (a script on the
     # prepare path only calls that, and parameter servers and local SGD need their last word there)
     runtime.AT_SHUTDOWN.append(applied.finish)

@@ -156,6 +156,7 @@ class Strategy:
         self.group = group                                   # process group of the workers (None: every rank)
         self.spec = None                                     # the StrategySpec it was built from (set by ``wrap``)
         self.monitor = None                                  # a DivergenceMonitor, where the strategy keeps one
+        self.memory = None                                   # a sync.memory.MemoryMeter (set by ``wrap``)
         self.accumulating = 0                                # how many ``no_sync()`` contexts are open
         self._sync_gradients = True                          # require_backward_grad_sync where no DDP holds it
         self._finished = False
@@ -265,6 +266,9 @@ class Strategy:
         if self._finished:
             return
         self._finished = True
+        if self.memory is not None:   # the bytes this rank held at its optimizer steps, in the record
+            self.stats.extra["memory"] = self.memory.as_dict()
+            self.memory.close()
         if self.finish in runtime.AT_SHUTDOWN:   # registered by ``wrap``; gone when shutdown() is the caller
             runtime.AT_SHUTDOWN.remove(self.finish)
         self.close()

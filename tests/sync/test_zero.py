@@ -55,7 +55,7 @@ def train_ranks(strategy, kind, clip=0.0, algorithm="native", steps=STEPS):
     rank = dist.get_rank()
     model = make_model()
     optimizer = make_optimizer(model, kind)
-    applied = wrap(strategy, model, optimizer, SyncOptions(shard_algorithm=algorithm) if strategy != "ddp"
+    applied = wrap(strategy, model, optimizer, SyncOptions(shard_algorithm=algorithm) if strategy.startswith("zero")
                    else SyncOptions())
     hook = recipe.clip_gradients(applied.optimizer, clip) if clip else None
     for step in range(steps):
@@ -65,13 +65,14 @@ def train_ranks(strategy, kind, clip=0.0, algorithm="native", steps=STEPS):
         applied.optimizer.step()
         applied.optimizer.zero_grad(set_to_none=True)
         applied.after_step(step)
-    state_bytes = sum(v.numel() * v.element_size() for s in applied.optimizer.state.values()
-                      for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
     full = applied.optimizer.state_dict()     # collective under ZeRO
     if hook is not None:
         hook.remove()
     applied.finish()
-    return [p.detach().clone() for p in applied.module.parameters()], state_bytes, full
+    params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in applied.module.parameters()]
+    state_bytes = sum(v.to_local().numel() * v.element_size() if hasattr(v, "to_local") else v.numel() * v.element_size()
+                      for s in applied.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
+    return [p.detach().clone() for p in params], state_bytes, full
 
 
 def close(a, b, rtol=RTOL):
@@ -103,3 +104,12 @@ def test_zero_equals_ddp_and_plain_loop(strategy, kind):
 def test_zero2_over_ddtrain_algorithms_with_clipping(algorithm):
     zero = run_ranks(train_ranks, 3, "zero2", "adamw", 0.05, algorithm, 12)
     assert close(zero[0][0], reference("adamw", clip=0.05, steps=12))
+
+
+@pytest.mark.parametrize("kind", ["adamw", "sgd"])
+def test_fsdp_equals_ddp_and_plain_loop(kind):
+    ddp = run_ranks(train_ranks, 3, "ddp", kind)
+    fsdp = run_ranks(train_ranks, 3, "fsdp", kind)
+    assert close(fsdp[0][0], ddp[0][0]) and close(fsdp[0][0], reference(kind))
+    assert max(b for _, b, _ in fsdp) <= 0.4 * ddp[0][1]
+    assert fsdp[0][2]["state"][0]["exp_avg" if kind == "adamw" else "momentum_buffer"].shape == (11, 7)

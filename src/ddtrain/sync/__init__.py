@@ -26,6 +26,7 @@ from ddtrain.distributed import runtime
 from ddtrain.errors import ConfigError, choice_error
 from ddtrain.sync.allreduce import AllReduceStrategy, build_ddp
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats, single_process
+from ddtrain.sync.fsdp import build_fsdp
 from ddtrain.sync.hybrid import HybridStrategy
 from ddtrain.sync.memory import MemoryMeter
 from ddtrain.sync.local_sgd import ALGORITHM as LOCAL_SGD_ALGORITHM, LocalSGDStrategy
@@ -85,6 +86,9 @@ for _spec in (
     StrategySpec(name="zero2", build=partial(build_zero, stage=2), sharded=True, options=("shard_algorithm",),
                  check=_shard_algorithm_check, not_predicted="sharded: not modelled yet",
                  summary="ZeRO-2: optimizer state and gradients split (reduce-scatter, shard step, all-gather)"),
+    StrategySpec(name="fsdp", build=build_fsdp, sharded=True, options=("fsdp_param_dtype",),
+                 not_predicted="sharded: not modelled yet",
+                 summary="PyTorch's FSDP2 (fully_shard): parameters, gradients and optimizer state split"),
 ):
     register_strategy(_spec)
 

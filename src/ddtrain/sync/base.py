@@ -56,6 +56,7 @@ class SyncOptions:
     adaptive_comm_fraction: float = field(default=0.1, metadata={"agree": True, "resume": "may-change"})   # local-sgd --adaptive-interval: the averaging may take this fraction of the interval's compute time
     adaptive_max_divergence: float = field(default=0.1, metadata={"agree": True, "resume": "may-change"})   # local-sgd --adaptive-interval: bound on the replicas' relative spread at an averaging (docs/PERFORMANCE.md; 0.026-0.147 measured at K=20 on MNIST, where DiLoCo matched ddp: results/diloco/cluster_100mbit.json)
     shard_algorithm: str = field(default="native", metadata={"agree": True, "resume": "may-change"})   # zero1/zero2: the ddtrain.comm algorithm of the gradient reduction and the parameter all-gather (ring: its own reduce-scatter and all-gather phases; native: torch's; others: their all-reduce, docs/SHARDING.md)
+    fsdp_param_dtype: Literal["fp32", "bf16", "fp16"] = field(default="fp32", metadata={"agree": True, "resume": "may-change"})   # fsdp: the dtype parameters are all-gathered and computed in (FSDP2's MixedPrecisionPolicy; gradients are reduced in fp32)
     compression: str = field(default="none", metadata={"agree": True, "resume": "may-change"})   # gradient compression: none, fp16, bf16, powersgd:RANK[:WARMUP_STEPS], topk:FRACTION (docs/ALGORITHMS.md)
 
     @property

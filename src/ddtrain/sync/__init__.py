@@ -10,7 +10,8 @@
 
 A strategy is a ``Strategy`` subclass (``base``) built by ``spec.build(model, optimizer, options)``;
 ``wrap`` looks the name up, handles world size 1 once for all of them (``single_process``: the
-model and optimizer unchanged), and registers ``finish`` to run at ``ddtrain.shutdown()``.
+model and optimizer unchanged; the sharded ones, zero1, zero2 and fsdp, run as themselves when a
+process group of one exists), and registers ``finish`` to run at ``ddtrain.shutdown()``.
 """
 from __future__ import annotations
 
@@ -126,7 +127,10 @@ def wrap(strategy: str, model, optimizer, options: SyncOptions | None = None) ->
     """Apply ``strategy`` to a model already on its device and an optimizer over its parameters."""
     spec = strategy_spec(strategy)
     options = options or SyncOptions()   # checked against the strategy by its makers (TrainConfig, prepare)
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    # the sharded strategies run their machinery at world size 1 too where a process group exists (torchrun
+    # --nproc-per-node 1): one shard, no traffic, but their layout, copies and FSDP's mixed precision, so that
+    # speed and memory can be measured against ddp's bare model (benchmarks/gpu_sharding.py)
+    if dist.is_initialized() and (dist.get_world_size() > 1 or spec.sharded):
         applied = spec.build(model, optimizer, options)
     else:
         applied = single_process(model, optimizer)

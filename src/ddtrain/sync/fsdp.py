@@ -16,6 +16,10 @@ The user's optimizer is kept: ``fully_shard`` replaces the model's parameters by
 and the optimizer's param groups (and any state) are moved onto them by name. Mixed precision:
 ``--fsdp-param-dtype bf16|fp16`` is FSDP's ``MixedPrecisionPolicy(param_dtype=..., reduce_dtype=float32)``.
 
+Channels-last: FSDP2 refuses parameters whose storage is not contiguous, so a channels-last model's
+convolution weights are made contiguous before ``fully_shard``; the inputs stay channels-last, and a
+convolution with a channels-last input computes channels-last (torch picks the layout from either).
+
 State dicts are the whole model's, as ddp's (world-size independent): the model's
 ``state_dict()`` and the optimizer's gather their DTensors to full tensors (collective: every rank
 calls them; the spec says ``sharded``), and their ``load_state_dict`` cut full tensors to this
@@ -77,6 +81,13 @@ class FSDPStrategy(Strategy):
         if scalar:
             raise DDTrainError(f"fsdp: parameter {scalar[0]!r} is a scalar (0-d): FSDP shards parameters along dim 0; "
                                "make it a 1-element tensor, or use zero1/zero2")
+        # FSDP2 shards a parameter's storage along dim 0 and refuses any other layout ("FSDP does not support
+        # non-contiguous parameters yet"): channels-last convolution weights (--channels-last) are made
+        # contiguous again; the convolutions still run channels-last, chosen from their channels-last inputs
+        relaid = [p for p in model.parameters() if not p.is_contiguous()]
+        with torch.no_grad():
+            for p in relaid:
+                p.data = p.data.contiguous()
         policy = MixedPrecisionPolicy(param_dtype=PARAM_DTYPES[options.fsdp_param_dtype], reduce_dtype=torch.float32)
         self.units = units(model)
         try:
@@ -99,7 +110,10 @@ class FSDPStrategy(Strategy):
                       model.register_load_state_dict_pre_hook(lambda *args: self._shard_model_state(*args)),
                       optimizer.register_state_dict_post_hook(self._full_optimizer_state),
                       optimizer.register_load_state_dict_pre_hook(self._shard_optimizer_state)]
-        self.stats.method = "formula: FSDP2's collectives run inside torch (not counted)"
+        self.stats.method = "not counted: FSDP2's collectives run inside torch"
+        self.stats.extra["fsdp_units"] = len(self.units) + 1
+        if relaid:
+            self.stats.extra["fsdp_made_contiguous"] = len(relaid)
 
     @contextlib.contextmanager
     def no_sync(self):

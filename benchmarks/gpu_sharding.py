@@ -36,7 +36,7 @@ import ddtrain
 from ddtrain import TrainConfig, fit
 from ddtrain.data import Data
 
-from gpu_single import StepTimer, batches_that_fit, fresh_model, make_data, sync
+from gpu_single import StepTimer, batches_that_fit, fresh_model, make_data
 
 CASE = ("resnet50 bf16 cl compile", "resnet50", (3, 224, 224), 1000, 256, "bf16", True, True)
 

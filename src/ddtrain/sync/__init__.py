@@ -81,14 +81,20 @@ for _spec in (
     StrategySpec(name="local-sgd", build=LocalSGDStrategy, replicated=False, periodic=True, synchronous=False,
                  options=("sync_every", *LOCAL_SGD_OPTIONS), sends="average", averaging_algorithm=LOCAL_SGD_ALGORITHM,
                  summary="local steps; parameters averaged every --sync-every steps"),
+    # ZeRO-1: an all-reduce of the gradients and an all-gather of the parameters (1.5x ddp's bytes); ZeRO-2: a
+    # reduce-scatter and an all-gather (ddp's bytes); FSDP: two all-gathers and a reduce-scatter (1.5x)
     StrategySpec(name="zero1", build=partial(build_zero, stage=1), sharded=True, options=("shard_algorithm",),
-                 check=_shard_algorithm_check, not_predicted="sharded: not modelled yet",
+                 check=_shard_algorithm_check, algorithm="native", sends="sharded",
+                 sharded_collectives=("allreduce", "allgather"),
+                 shards=("optimizer_state",),
                  summary="ZeRO-1: the optimizer state split over the ranks (all-reduce, shard step, all-gather)"),
     StrategySpec(name="zero2", build=partial(build_zero, stage=2), sharded=True, options=("shard_algorithm",),
-                 check=_shard_algorithm_check, not_predicted="sharded: not modelled yet",
+                 check=_shard_algorithm_check, algorithm="native", sends="sharded", sharded_collectives=("allreduce",),
+                 shards=("gradients", "optimizer_state"),
                  summary="ZeRO-2: optimizer state and gradients split (reduce-scatter, shard step, all-gather)"),
-    StrategySpec(name="fsdp", build=build_fsdp, sharded=True, options=("fsdp_param_dtype",),
-                 not_predicted="sharded: not modelled yet",
+    StrategySpec(name="fsdp", build=build_fsdp, sharded=True, options=("fsdp_param_dtype",), algorithm="native",
+                 sends="sharded", sharded_collectives=("allreduce", "allgather"),
+                 shards=("parameters", "gradients", "optimizer_state"),
                  summary="PyTorch's FSDP2 (fully_shard): parameters, gradients and optimizer state split"),
 ):
     register_strategy(_spec)

@@ -110,7 +110,20 @@ class FSDPStrategy(Strategy):
                       model.register_load_state_dict_pre_hook(lambda *args: self._shard_model_state(*args)),
                       optimizer.register_state_dict_post_hook(self._full_optimizer_state),
                       optimizer.register_load_state_dict_pre_hook(self._shard_optimizer_state)]
-        self.stats.method = "not counted: FSDP2's collectives run inside torch"
+        self.stats.method = ("formula: FSDP2's collectives run inside torch; per training forward (R-1)/R of twice "
+                             "the units' parameters and once the root's own (all-gathers in the gather dtype), per "
+                             "update (R-1)/R of every parameter in fp32 (the reduce-scatter)")
+        ranks = dist.get_world_size()
+        gather_size = torch.tensor([], dtype=PARAM_DTYPES[options.fsdp_param_dtype] or torch.float32).element_size()
+        in_units = sum(p.numel() for unit in self.units for p in unit.parameters())
+        total = sum(p.numel() for p in model.parameters())
+        share = (ranks - 1) / ranks
+        # the root is not resharded after forward (FSDP2's heuristic: its backward would gather it at once)
+        self.forward_bytes = int(share * gather_size * (2 * in_units + (total - in_units)))
+        self.update_bytes = int(share * 4 * total)
+        self.forward_messages, self.update_messages = (ranks - 1) * (2 * len(self.units) + 1), \
+            (ranks - 1) * (len(self.units) + 1)
+        self.hooks.append(model.register_forward_pre_hook(lambda *_: self._count_forward()))
         self.stats.extra["fsdp_units"] = len(self.units) + 1
         if relaid:
             self.stats.extra["fsdp_made_contiguous"] = len(relaid)
@@ -126,6 +139,21 @@ class FSDPStrategy(Strategy):
             self.accumulating -= 1
             if not self.accumulating:
                 self.model.set_requires_gradient_sync(True)
+
+    def _count_forward(self) -> None:
+        if self.module.training and torch.is_grad_enabled():
+            self._add(self.forward_bytes, self.forward_messages)
+
+    def _add(self, nbytes: int, messages: int) -> None:
+        stats = self.stats
+        stats.bytes_sent += nbytes
+        stats.bytes_received += nbytes
+        stats.messages_sent += messages
+        stats.messages_received += messages
+
+    def after_step(self, step: int) -> None:
+        self._add(self.update_bytes, self.update_messages)
+        super().after_step(step)
 
     def replicas_identical(self, step: int) -> bool:
         return False        # each rank holds other shards: nothing to compare (the DTensors are one tensor)

@@ -110,19 +110,18 @@ class FSDPStrategy(Strategy):
                       model.register_load_state_dict_pre_hook(lambda *args: self._shard_model_state(*args)),
                       optimizer.register_state_dict_post_hook(self._full_optimizer_state),
                       optimizer.register_load_state_dict_pre_hook(self._shard_optimizer_state)]
-        self.stats.method = ("formula: FSDP2's collectives run inside torch; per training forward (R-1)/R of twice "
-                             "the units' parameters and once the root's own (all-gathers in the gather dtype), per "
-                             "update (R-1)/R of every parameter in fp32 (the reduce-scatter)")
+        self.stats.method = ("formula: FSDP2's collectives run inside torch; per training forward and its backward (R-1)/R "
+                             "of twice the units' parameters and once the root's own (all-gathers in the gather "
+                             "dtype) and of every parameter in fp32 (the reduce-scatter)")
         ranks = dist.get_world_size()
         gather_size = torch.tensor([], dtype=PARAM_DTYPES[options.fsdp_param_dtype] or torch.float32).element_size()
         in_units = sum(p.numel() for unit in self.units for p in unit.parameters())
         total = sum(p.numel() for p in model.parameters())
         share = (ranks - 1) / ranks
         # the root is not resharded after forward (FSDP2's heuristic: its backward would gather it at once)
-        self.forward_bytes = int(share * gather_size * (2 * in_units + (total - in_units)))
-        self.update_bytes = int(share * 4 * total)
-        self.forward_messages, self.update_messages = (ranks - 1) * (2 * len(self.units) + 1), \
-            (ranks - 1) * (len(self.units) + 1)
+        # every training forward is followed by a backward that reduce-scatters (no_sync included: see there)
+        self.forward_bytes = int(share * gather_size * (2 * in_units + (total - in_units)) + share * 4 * total)
+        self.forward_messages = (ranks - 1) * (3 * len(self.units) + 2)
         self.hooks.append(model.register_forward_pre_hook(lambda *_: self._count_forward()))
         self.stats.extra["fsdp_units"] = len(self.units) + 1
         if relaid:
@@ -130,15 +129,20 @@ class FSDPStrategy(Strategy):
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Accumulation: FSDP's own switch (``set_requires_gradient_sync``): gradients stay unreduced until the last."""
-        self.model.set_requires_gradient_sync(False)
+        """Accumulation: every micro-batch's gradient is reduce-scattered and added to the shard (as DeepSpeed does).
+
+        The sum of the micro-batches' averaged shards is the average of their summed gradients, so
+        k micro-batches still take the step of one batch k times larger; the whole unsharded gradient
+        is never kept between micro-batches (FSDP's point), at the price of a reduce-scatter per
+        micro-batch. FSDP's own switch, ``set_requires_gradient_sync(False)``, keeps unsharded
+        gradients instead, and in torch 2.13 fails in its post-backward (``'FSDPParam' object has no
+        attribute '_unsharded_param'``) for a unit that took no part in the forward (an unused head).
+        """
         self.accumulating += 1
         try:
             yield
         finally:
             self.accumulating -= 1
-            if not self.accumulating:
-                self.model.set_requires_gradient_sync(True)
 
     def _count_forward(self) -> None:
         if self.module.training and torch.is_grad_enabled():
@@ -150,10 +154,6 @@ class FSDPStrategy(Strategy):
         stats.bytes_received += nbytes
         stats.messages_sent += messages
         stats.messages_received += messages
-
-    def after_step(self, step: int) -> None:
-        self._add(self.update_bytes, self.update_messages)
-        super().after_step(step)
 
     def replicas_identical(self, step: int) -> bool:
         return False        # each rank holds other shards: nothing to compare (the DTensors are one tensor)

@@ -140,6 +140,8 @@ class ZeroStrategy(Strategy):
         self.buffers = BufferRule(model, None, options.broadcast_buffers)
         self.shard_grads: list[torch.Tensor | None] = [None] * len(optimizer.param_groups)
         self._queued = False
+        self.unused: list[tuple[int, int]] = []   # flat ranges of the parameters no rank had a gradient for
+        self._kept: list = []
         self._full_state = optimizer.state_dict() if optimizer.state else None   # state loaded before wrapping
         # the optimizer now steps this rank's piece of each group: one tensor per group, refreshed from the model
         self.pieces = [torch.zeros(hi - lo, dtype=layout.dtype, device=layout.device)
@@ -172,6 +174,12 @@ class ZeroStrategy(Strategy):
         """End of backward: average the gradients (ZeRO-1: all of them; ZeRO-2: this rank's shard only)."""
         self._queued = False
         layout = self.layout
+        # a parameter no rank has a gradient for (an unused head) is left alone by ddp's optimizer step (its .grad
+        # is None): remember which, so that the shard step leaves those elements and their state as they were
+        used = torch.tensor([p.grad is not None for p in layout.params], dtype=torch.int32, device=layout.device)
+        dist.all_reduce(used, op=dist.ReduceOp.MAX)   # len(params) ints: torch's own, measurement-sized
+        self.unused = [(a, b) for (a, b), u in zip(zip(layout.offsets, layout.offsets[1:]), used.tolist())
+                       if not u and a < b]
         with self.ledger.timed():
             flat = layout.flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in layout.params])
             if self.stage == 1:
@@ -215,9 +223,36 @@ class ZeroStrategy(Strategy):
             piece.copy_(values[lo:hi])
             grad = self.shard_grads[index]
             piece.grad = None if grad is None else grad.view_as(piece)
+        self._save_frozen(optimizer)
+
+    def _frozen(self):
+        """(piece index, start, end) of the elements of parameters no rank had a gradient for, in this rank's pieces."""
+        layout = self.layout
+        for index in range(len(self.pieces)):
+            lo, hi = layout.group_piece(index)
+            for a, b in self.unused:
+                start, end = max(a, lo), min(b, hi)
+                if start < end:
+                    yield index, start - lo, end - lo
+
+    def _save_frozen(self, optimizer) -> None:
+        self._kept = [(i, a, b, self.pieces[i][a:b].clone(),
+                       {k: v[a:b].clone() for k, v in optimizer.state.get(self.pieces[i], {}).items()
+                        if isinstance(v, torch.Tensor) and v.shape == self.pieces[i].shape})
+                      for i, a, b in self._frozen()]
+
+    def _restore_frozen(self, optimizer) -> None:
+        with torch.no_grad():
+            for i, a, b, values, state in self._kept:
+                self.pieces[i][a:b].copy_(values)
+                for key, value in optimizer.state.get(self.pieces[i], {}).items():
+                    if isinstance(value, torch.Tensor) and value.shape == self.pieces[i].shape:
+                        value[a:b].copy_(state[key]) if key in state else value[a:b].zero_()
+        self._kept = []
 
     def _after_step(self, optimizer, _args, _kwargs) -> None:
         layout = self.layout
+        self._restore_frozen(optimizer)
         flat = torch.empty(layout.numel, dtype=layout.dtype, device=layout.device)
         for index, piece in enumerate(self.pieces):
             lo, hi = layout.group_piece(index)

@@ -31,8 +31,6 @@ optimizer over the whole model, as ddp's -- a state dict of any world size, or o
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.distributed as dist
 
@@ -333,8 +331,3 @@ class ZeroStrategy(Strategy):
 def build_zero(model, optimizer, options: SyncOptions, *, stage: int) -> ZeroStrategy:
     return ZeroStrategy(model, optimizer, options, stage=stage)
 
-
-def memory_ratio(stage: int, ranks: int) -> dict:
-    """The per-rank fractions of ddp's bytes ZeRO keeps: (parameters, gradients, optimizer state)."""
-    return {"parameters": 1.0 + 1.0 / ranks, "gradients": 1.0 if stage == 1 else 1.0 / ranks,
-            "optimizer_state": 1.0 / ranks if ranks else math.nan}

@@ -64,7 +64,9 @@ def _padded(flat: torch.Tensor, size: int) -> torch.Tensor:
 
 
 def _record_formula(name: str, piece_bytes: int, size: int) -> None:
-    nbytes = (size - 1) * piece_bytes     # what a ring moves per rank in one phase; Gloo's and NCCL's alike
+    # what a bandwidth-optimal phase (NCCL's ring) moves per rank; Gloo's reduce_scatter_tensor was seen to move
+    # about an all-reduce's bytes on the interface (docs/SHARDING.md: the bench scaling network check)
+    nbytes = (size - 1) * piece_bytes
     traffic.record(name, bytes_sent=nbytes, bytes_received=nbytes, messages_sent=size - 1,
                    messages_received=size - 1, method=traffic.FORMULA)
 

@@ -66,13 +66,14 @@ def train_ranks(strategy, kind, clip=0.0, algorithm="native", steps=STEPS):
         applied.optimizer.zero_grad(set_to_none=True)
         applied.after_step(step)
     full = applied.optimizer.state_dict()     # collective under ZeRO
+    memory = applied.memory.as_dict()         # what the run record's comm[i].memory holds (sync.memory)
     if hook is not None:
         hook.remove()
     applied.finish()
     params = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in applied.module.parameters()]
     state_bytes = sum(v.to_local().numel() * v.element_size() if hasattr(v, "to_local") else v.numel() * v.element_size()
                       for s in applied.optimizer.state.values() for v in s.values() if torch.is_tensor(v) and v.dim() > 0)
-    return [p.detach().clone() for p in params], state_bytes, full
+    return [p.detach().clone() for p in params], state_bytes, full, memory
 
 
 def close(a, b, rtol=RTOL):
@@ -85,11 +86,11 @@ def test_zero_equals_ddp_and_plain_loop(strategy, kind):
     ddp = run_ranks(train_ranks, 3, "ddp", kind)
     zero = run_ranks(train_ranks, 3, strategy, kind)
     plain = reference(kind)
-    for params, _, _ in zero:
+    for params, *_ in zero:
         assert all(torch.equal(a, b) for a, b in zip(params, zero[0][0]))   # replicas identical
     assert close(zero[0][0], ddp[0][0]) and close(zero[0][0], plain)
     # each rank keeps state for its shard only (42, 42, 40 of 124 elements): <= 0.4x ddp's
-    assert max(b for _, b, _ in zero) <= 0.4 * ddp[0][1]
+    assert max(r[1] for r in zero) <= 0.4 * ddp[0][1]
     # optimizer.state_dict() is the whole model's, as ddp's: same keys, shapes and values
     ddp_state, zero_state = ddp[0][2], zero[0][2]
     assert zero_state["state"].keys() == ddp_state["state"].keys()
@@ -111,5 +112,19 @@ def test_fsdp_equals_ddp_and_plain_loop(kind):
     ddp = run_ranks(train_ranks, 3, "ddp", kind)
     fsdp = run_ranks(train_ranks, 3, "fsdp", kind)
     assert close(fsdp[0][0], ddp[0][0]) and close(fsdp[0][0], reference(kind))
-    assert max(b for _, b, _ in fsdp) <= 0.4 * ddp[0][1]
+    assert max(r[1] for r in fsdp) <= 0.4 * ddp[0][1]
     assert fsdp[0][2]["state"][0]["exp_avg" if kind == "adamw" else "momentum_buffer"].shape == (11, 7)
+
+
+@pytest.mark.parametrize("strategy, split", [("zero1", ("optimizer_state_bytes",)),
+                                             ("zero2", ("gradient_bytes", "optimizer_state_bytes")),
+                                             ("fsdp", ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes"))])
+def test_memory_meter_shows_the_split(strategy, split):
+    """The record's per-rank bytes: what the strategy splits is <= 0.4x ddp's at 3 ranks, the rest is not smaller."""
+    ddp = run_ranks(train_ranks, 3, "ddp", "adamw", 0.0, "native", 3)[0][3]
+    for memory in (r[3] for r in run_ranks(train_ranks, 3, strategy, "adamw", 0.0, "native", 3)):
+        for key in ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes"):
+            if key in split:
+                assert memory[key] <= 0.4 * ddp[key], (strategy, key, memory, ddp)
+            else:
+                assert memory[key] >= ddp[key], (strategy, key, memory, ddp)

@@ -70,6 +70,13 @@ def run_arm(case, data, warmup, steps, device, strategy, param_dtype) -> dict:
             "memory": (record.get("comm") or [{}])[0].get("memory")}
 
 
+def write(path: str, data: dict) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(data, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--warmup", type=int, default=15)
@@ -104,6 +111,7 @@ def main() -> int:
             except Exception as exc:   # recorded; the other arms go on
                 result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-2000:]}
             runs[strategy].append(result)
+            write(args.out, {"partial": True, "case": case[0], "runs": runs})   # a run cut short keeps what it had
             print(f"# repeat {repeat} {strategy}: " + (f"{result['images_per_s']:.1f} img/s" if "images_per_s" in result
                                                         else result["error"][:200]), flush=True)
             gc.collect()
@@ -132,9 +140,7 @@ def main() -> int:
            "steps": args.steps, "repeats": args.repeats, "fsdp_param_dtype": args.fsdp_param_dtype,
            "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host": os.uname().nodename,
            "summary": summary, "runs": runs}
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(out, f, indent=1)
+    write(args.out, out)
     print(f"# wrote {args.out}")
     ddtrain.shutdown()
     return 0 if all("error" not in v and not v["wrong"] for v in summary.values()) else 1

@@ -174,10 +174,12 @@ class ZeroStrategy(Strategy):
         layout = self.layout
         # a parameter no rank has a gradient for (an unused head) is left alone by ddp's optimizer step (its .grad
         # is None): remember which, so that the shard step leaves those elements and their state as they were
-        used = torch.tensor([p.grad is not None for p in layout.params], dtype=torch.int32, device=layout.device)
-        dist.all_reduce(used, op=dist.ReduceOp.MAX)   # len(params) ints: torch's own, measurement-sized
-        self.unused = [(a, b) for (a, b), u in zip(zip(layout.offsets, layout.offsets[1:]), used.tolist())
-                       if not u and a < b]
+        used = [p.grad is not None for p in layout.params]
+        if layout.size > 1:   # (one rank: nothing to ask, and no device sync for the answer)
+            flags = torch.tensor(used, dtype=torch.int32, device=layout.device)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX)   # len(params) ints: torch's own, measurement-sized
+            used = flags.tolist()
+        self.unused = [(a, b) for (a, b), u in zip(zip(layout.offsets, layout.offsets[1:]), used) if not u and a < b]
         with self.ledger.timed():
             flat = layout.flatten([p.grad if p.grad is not None else torch.zeros_like(p) for p in layout.params])
             if self.stage == 1:

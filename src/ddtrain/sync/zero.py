@@ -158,6 +158,18 @@ class ZeroStrategy(Strategy):
         # recipe.clip_gradients reads this: the norm over every rank's shard, not this rank's alone
         optimizer.ddtrain_total_grad_norm = self.total_grad_norm
         optimizer.clip_grad_norm_ = self.clip_grad_norm_
+        # the optimizer's own zero_grad sees only the pieces: the model's gradients (zero1's views of the averaged
+        # buffer, or what accumulates before the reduction) go too, or a step skipped after zero_grad would add
+        # them to the next backward's
+        own_zero_grad = optimizer.zero_grad
+
+        def zero_grad(set_to_none: bool = True) -> None:
+            own_zero_grad(set_to_none)
+            self.shard_grads = [None] * len(self.pieces)
+            for p in layout.params:
+                p.grad = None
+
+        optimizer.zero_grad = zero_grad
         if self._full_state is not None:
             optimizer.load_state_dict(self._full_state)
 
@@ -193,8 +205,11 @@ class ZeroStrategy(Strategy):
                     p.grad = None          # the full gradient lives only in ``flat`` until the reduce-scatter ends
                 mine, base = shards.reduce_scatter_(flat, self.algorithm).div_(layout.size), layout.lo
                 del flat
+        # the pieces get their gradients now, not at the step: a GradScaler unscales (and checks) the optimizer's
+        # gradients before it calls step(), and clipping between backward and step sees them
         for index, (lo, hi) in enumerate(layout.group_piece(i) for i in range(len(self.pieces))):
             self.shard_grads[index] = mine[lo - base:hi - base]
+            self.pieces[index].grad = self.shard_grads[index].view_as(self.pieces[index])
 
     def total_grad_norm(self, grads=None) -> torch.Tensor:
         """The 2-norm of the whole averaged gradient: each rank's shard's sum of squares, summed over ranks."""
@@ -221,8 +236,6 @@ class ZeroStrategy(Strategy):
         for index, piece in enumerate(self.pieces):
             lo, hi = layout.group_piece(index)
             piece.copy_(values[lo:hi])
-            grad = self.shard_grads[index]
-            piece.grad = None if grad is None else grad.view_as(piece)
         self._save_frozen(optimizer)
 
     def _frozen(self):

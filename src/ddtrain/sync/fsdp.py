@@ -61,6 +61,18 @@ def units(model: torch.nn.Module) -> list[torch.nn.Module]:
     return picked
 
 
+def _distribute(full: torch.Tensor, like) -> torch.Tensor:
+    """``full`` (the same on every rank) cut like DTensor ``like``: each rank keeps its shard, nothing is sent."""
+    try:
+        from torch.distributed.tensor import distribute_tensor
+    except ImportError:   # torch 2.4
+        from torch.distributed._tensor import distribute_tensor
+    try:
+        return distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
+    except TypeError:     # an older torch without src_data_rank: rank 0's copy is scattered (the same values)
+        return distribute_tensor(full, like.device_mesh, like.placements)
+
+
 def _is_dtensor(t) -> bool:
     return hasattr(t, "full_tensor") and hasattr(t, "device_mesh")
 
@@ -168,13 +180,12 @@ class FSDPStrategy(Strategy):
                 state_dict[key] = value.full_tensor()
 
     def _shard_model_state(self, module, state_dict, prefix, *args):
-        from torch.distributed.tensor import distribute_tensor
         params = dict(module.named_parameters())
         for name, param in params.items():
             key = prefix + name
             if key in state_dict and not _is_dtensor(state_dict[key]) and _is_dtensor(param):
                 full = state_dict[key].to(param.device, param.dtype)
-                state_dict[key] = distribute_tensor(full, param.device_mesh, param.placements, src_data_rank=None)
+                state_dict[key] = _distribute(full, param)
 
     def _params(self) -> list:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -186,13 +197,11 @@ class FSDPStrategy(Strategy):
         return {**state_dict, "state": state}
 
     def _shard_optimizer_state(self, optimizer, state_dict: dict) -> dict:
-        from torch.distributed.tensor import distribute_tensor
         params = self._params()
         state = {}
         for index, values in state_dict.get("state", {}).items():
             param = params[int(index)]
-            state[index] = {key: distribute_tensor(value.to(param.device), param.device_mesh, param.placements,
-                                                   src_data_rank=None)
+            state[index] = {key: _distribute(value.to(param.device), param)
                             if isinstance(value, torch.Tensor) and value.shape == param.shape and value.dim() > 0
                             else value for key, value in values.items()}
         return {**state_dict, "state": state}

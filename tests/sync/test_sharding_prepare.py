@@ -66,8 +66,11 @@ def refused(what):
         optimizer = torch.optim.AdamW(model.parameters())
     elif what == "fsdp-option":
         options = {"shard_algorithm": "ring"}
+    elif what == "fsdp-scalar":
+        model.temperature = torch.nn.Parameter(torch.tensor(1.0))   # 0-d: FSDP shards along dim 0
+        optimizer = torch.optim.AdamW(model.parameters())
     try:
-        ddtrain.prepare(model, optimizer, strategy="fsdp" if what == "fsdp-option" else "zero2", **options)
+        ddtrain.prepare(model, optimizer, strategy="fsdp" if what.startswith("fsdp") else "zero2", **options)
     except (DDTrainError, ConfigError) as exc:
         return str(exc)
     finally:
@@ -78,7 +81,8 @@ def refused(what):
 @pytest.mark.parametrize("what, says", [
     ("adafactor", "cannot split optimizer Adafactor: it keeps row and column statistics"),
     ("mixed-dtypes", "cannot share one flat buffer"),
-    ("fsdp-option", "shard_algorithm is read only by zero1, zero2, not by strategy 'fsdp'")])
+    ("fsdp-option", "shard_algorithm is read only by zero1, zero2, not by strategy 'fsdp'"),
+    ("fsdp-scalar", "fsdp: parameter 'temperature' is a scalar (0-d)")])
 def test_refusals_one_message_each(what, says):
     messages = run_ranks(refused, 3, what)
     assert all(m is not None and says in m and "\n" not in m for m in messages), messages

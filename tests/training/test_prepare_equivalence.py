@@ -60,7 +60,9 @@ def train(model, optimizer, loader, no_sync=None, clip=CLIP):
                 with no_sync():
                     loss.backward()
             if last:
-                if clip is not None:
+                if clip is not None and hasattr(optimizer, "clip_grad_norm_"):
+                    optimizer.clip_grad_norm_(clip)   # zero1/zero2: the global norm over the shards (zero2 keeps no .grad)
+                elif clip is not None:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
                 optimizer.step()
                 optimizer.zero_grad()

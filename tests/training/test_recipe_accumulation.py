@@ -100,7 +100,8 @@ def test_k_micro_batches_equal_one_batch_k_times_larger_for_every_synchronous_st
 
 
 def test_accumulated_micro_batches_communicate_once_per_update():
-    """With K=2 every synchronous strategy sends what K=1 sends for the same number of updates (ring also K=4)."""
+    """With K=2 every synchronous strategy sends what K=1 sends for the same number of updates (ring also K=4);
+    fsdp, which gathers the parameters for each micro-batch's forward and backward, sends more."""
     once = {"steps": 4, "epochs": 0}
     items = [((s, B, k), once) for s in SYNCHRONOUS for k in (1, 2)] + [(("ring", B, 4), {"steps": 2, "epochs": 0})]
     per_rank = run_ranks(cases, WORLD, items, timeout_s=300)
@@ -108,6 +109,9 @@ def test_accumulated_micro_batches_communicate_once_per_update():
         sent = {(strategy, k): r["comm"][rank]["bytes_sent"] for ((strategy, _, k), _), r in zip(items, results)}
         for strategy in SYNCHRONOUS:
             assert sent[strategy, 1] > 0, strategy
+            if "parameters" in STRATEGIES[strategy].shards:   # fsdp gathers the parameters for every micro-batch
+                assert sent[strategy, 2] > sent[strategy, 1], (strategy, rank, sent[strategy, 1], sent[strategy, 2])
+                continue
             assert sent[strategy, 2] == sent[strategy, 1], (strategy, rank, sent[strategy, 1], sent[strategy, 2])
         assert sent["ring", 4] * 2 == sent["ring", 1]
 

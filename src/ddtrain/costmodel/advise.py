@@ -53,6 +53,8 @@ class Method:
     sync_every: int = 1
     outer: str = "average"      # averaging strategies: "average" (the replicas' mean) or "nesterov" (DiLoCo's outer step)
     extra_ranks: int = 0        # ranks besides the workers that take part (parameter servers)
+    sharded: tuple[str, ...] = ()   # kind "sharded": its collectives over the whole model ("allreduce", "allgather")
+    shards: tuple[str, ...] = ()    # kind "sharded": what it splits ("parameters", "gradients", "optimizer_state")
 
     @property
     def label(self) -> str:
@@ -165,6 +167,8 @@ class StrategyInfo:
     kind: str                   # gradient | average
     extra_ranks: int = 0
     compressible: bool = True   # takes --compression
+    sharded: tuple[str, ...] = ()   # kind "sharded" (zero1, zero2, fsdp): its collectives over the whole model
+    shards: tuple[str, ...] = ()    # kind "sharded": what it splits over the ranks
     outers: tuple[str, ...] = ("average",)   # averaging strategies: the outer steps it offers
 
 
@@ -204,11 +208,14 @@ def candidates(strategies: Sequence[StrategyInfo], compression_specs: Sequence[s
                     gathered.add(c)
                 out.append(Method(strategy=s.name, algorithm=s.algorithm, kind="gradient", compression=c,
                                   extra_ranks=s.extra_ranks))
+        elif s.kind == "sharded":
+            out.append(Method(strategy=s.name, algorithm=s.algorithm, kind="sharded", sharded=s.sharded,
+                              shards=s.shards))
         elif s.kind == "average":
             out += [Method(strategy=s.name, algorithm=s.algorithm, kind="average", sync_every=k, outer=o)
                     for o in s.outers for k in intervals]
         else:
-            raise DDTrainError(f"strategy {s.name!r}: unknown kind {s.kind!r} (gradient or average)")
+            raise DDTrainError(f"strategy {s.name!r}: unknown kind {s.kind!r} (gradient, sharded or average)")
     return out
 
 
@@ -235,6 +242,10 @@ def bucket_collectives(method: Method, workload: Workload) -> list[tuple[int, li
     """(elements, its collectives) of each DDP bucket in the order backward fills them (averaging: one, the parameters)."""
     if method.kind == "average":
         return [(workload.params, [("allreduce", workload.params * 4.0)])]
+    if method.kind == "sharded":   # one flat buffer after backward; an all-gather's bytes are each rank's shard
+        whole = workload.params * 4.0
+        return [(workload.params, [(kind, whole if kind == "allreduce" else whole / workload.workers)
+                                   for kind in method.sharded])]
     record, argument = compressions.parse_spec(method.compression)
     out = []
     for bucket in buckets(workload.shapes, workload.bucket_cap_bytes):
@@ -256,6 +267,20 @@ def bucket_collectives(method: Method, workload: Workload) -> list[tuple[int, li
             raise DDTrainError(f"no cost model for compression {method.compression!r}")
         out.append((elements, these))
     return out
+
+
+def memory_per_rank(method: Method, workload: Workload, state_per_parameter: int = 1) -> dict:
+    """Bytes one rank holds: fp32 parameters, gradients and optimizer state (``state_per_parameter`` tensors of the
+    parameters' size: SGD with momentum 1, Adam 2), each split over the workers where the method shards it.
+
+    ZeRO keeps a copy of its shard of the parameters besides the whole model (1 + 1/R of ddp's; measured by
+    ddtrain.sync.memory, docs/SHARDING.md).
+    """
+    whole, r = workload.params * 4.0, workload.workers
+    split = set(method.shards) if method.kind == "sharded" else set()
+    parameters = whole / r if "parameters" in split else whole * (1 + 1 / r) if split else whole
+    return {"parameter_bytes": parameters, "gradient_bytes": whole / r if "gradients" in split else whole,
+            "optimizer_state_bytes": state_per_parameter * whole / (r if "optimizer_state" in split else 1)}
 
 
 def codec_seconds(method: Method, workload: Workload, network: Network) -> float:
@@ -313,13 +338,20 @@ def predict(method: Method, workload: Workload, network: Network) -> Prediction:
         work = [c + codec * e / sum(elements) for c, (e, _) in zip(bucket_comm, per_bucket)]
         exposed = exposed_s(workload.backward_share * workload.compute_s, elements, work)
     else:
-        # local SGD averages after its step, nothing to hide behind: sequential
+        # local SGD averages after its step, nothing to hide behind: sequential. The sharded strategies too: ZeRO
+        # reduces one flat buffer after backward; FSDP overlaps its all-gathers with compute (prefetch), which this
+        # leaves out (an upper bound on its step)
         exposed = (comm_s + codec) / every
     risk = (risk_of(local_sgd_interval=method.sync_every, outer=method.outer) if method.kind == "average"
             else risk_of(method.compression))
+    notes = []
+    if method.kind == "sharded":
+        memory = memory_per_rank(method, workload)
+        notes.append("memory per rank (SGD+momentum; Adam: twice the state): "
+                     + ", ".join(f"{k.removesuffix('_bytes').replace('_', ' ')} {v / 1e6:.1f} MB" for k, v in memory.items()))
     return Prediction(method=method, step_s=workload.compute_s + exposed, comm_s=comm_s / every,
                       codec_s=codec / every, bytes_per_step=sent / every, collectives_per_step=len(per_step) / every,
-                      risk=risk, exposed_s=exposed)
+                      risk=risk, exposed_s=exposed, notes=notes)
 
 
 def rank(predictions: Sequence[Prediction], risk_bound_points: float = RISK_BOUND_POINTS) -> list[Prediction]:

@@ -314,7 +314,13 @@ def clip_gradients(optimizer: torch.optim.Optimizer, max_norm: float):
     """
     def clip(opt, _args, _kwargs):
         params = [p for g in opt.param_groups for p in g["params"] if p.grad is not None]
-        if params:
+        sharded = getattr(opt, "ddtrain_total_grad_norm", None)   # ZeRO: each rank holds a shard of the gradient
+        if sharded is not None:
+            norm = sharded()     # collective: the norm of the whole gradient, on every rank
+            scale = torch.clamp(max_norm / (norm + 1e-6), max=1.0)   # clip_grad_norm_'s rule
+            for p in params:
+                p.grad.mul_(scale)
+        elif params:
             torch.nn.utils.clip_grad_norm_(params, max_norm)
     return optimizer.register_step_pre_hook(clip)
 

@@ -805,7 +805,7 @@ class Checkpointer:
         replicated = self.strategy.spec.replicated or bool(self.elastic and self.elastic.get("rule") == "servers")
         rank0 = runtime.rank() == 0
         state = None
-        if not replicated or rank0:
+        if not replicated or rank0 or self.strategy.spec.sharded:   # sharded: state_dict() gathers, on every rank
             state = {"model": self.module.state_dict(), "optimizer": self.optimizer.state_dict(),
                      "scaler": self.scaler.state_dict() if self.scaler is not None else None}
         part = {"rng": rng_state(), "rng_epoch": self._rng_epoch, "meter": self._meter.sums,

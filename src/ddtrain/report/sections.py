@@ -200,6 +200,7 @@ def records_blocks(records: list[tuple[Path, dict]], root: Path, files: Path) ->
     else:
         blocks.append(("p", f"{NOT_DRAWN} throughput and speed-up against workers: these records are not of one setup "
                             "at several worker counts (`ddtrain demo` and `ddtrain bench scaling` write such)."))
+    blocks += memory_blocks(records, root)
     if not any(r.get("monitor") for _, r in records):
         blocks.append(("p", f"{NOT_DRAWN} CPU and network timelines: no record holds system samples (train with "
                             "`--monitor-system` to get them)."))
@@ -243,6 +244,26 @@ def balance_blocks(label: str, balance: dict, files: Path) -> list:
                         "work)."))
     blocks.append(_figure(files, f"balance-{_slug(label)}", plots.balance_over_steps, balance, label))
     return blocks
+
+
+def memory_blocks(records: list[tuple[Path, dict]], root: Path) -> list:
+    """Each rank's parameter, gradient and optimizer-state bytes at its optimizer steps (sync.memory), per record."""
+    rows = []
+    for path, r in records:
+        for c in r.get("comm") or []:
+            m = c.get("memory")
+            if m:
+                peak = m.get("cuda_max_allocated_bytes")
+                rows.append([str(path.relative_to(root)), r["strategy"], c.get("rank"), fmt(_mb(m["parameter_bytes"]), 3),
+                             fmt(_mb(m["gradient_bytes"]), 3), fmt(_mb(m["optimizer_state_bytes"]), 3),
+                             fmt(_mb(peak), 1) if peak is not None else "-"])
+    if not rows:
+        return []
+    return [("p", "Memory per rank, measured at the optimizer steps (docs/PERFORMANCE.md, Memory): the storage of "
+                  "the parameters, of the gradients the step reads and of the optimizer state; the CUDA peak is "
+                  "torch.cuda.max_memory_allocated (activations included)."),
+            ("table", ["record", "strategy", "rank", "parameters (MB)", "gradients (MB)", "optimizer state (MB)",
+                       "CUDA peak (MB)"], rows)]
 
 
 def record_scaling_rows(records: list[tuple[Path, dict]], root: Path) -> list[dict]:

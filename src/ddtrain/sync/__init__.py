@@ -10,7 +10,8 @@
 
 A strategy is a ``Strategy`` subclass (``base``) built by ``spec.build(model, optimizer, options)``;
 ``wrap`` looks the name up, handles world size 1 once for all of them (``single_process``: the
-model and optimizer unchanged), and registers ``finish`` to run at ``ddtrain.shutdown()``.
+model and optimizer unchanged; the sharded ones, zero1, zero2 and fsdp, run as themselves when a
+process group of one exists), and registers ``finish`` to run at ``ddtrain.shutdown()``.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import dataclasses
 from collections.abc import Iterable
 from functools import partial
 
+import torch
 import torch.distributed as dist
 
 from ddtrain import comm
@@ -26,11 +28,14 @@ from ddtrain.errors import ConfigError, choice_error
 from ddtrain.sync.allreduce import AllReduceStrategy, build_ddp
 from ddtrain.sync.auto import NAME as AUTO_NAME, AutoStrategy, check as auto_check
 from ddtrain.sync.base import Strategy, SyncOptions, SyncStats, single_process
+from ddtrain.sync.fsdp import build_fsdp
 from ddtrain.sync.hybrid import HybridStrategy
+from ddtrain.sync.memory import MemoryMeter
 from ddtrain.sync.local_sgd import ALGORITHM as LOCAL_SGD_ALGORITHM, LocalSGDStrategy
 from ddtrain.sync.ps.protocol import wire_dtype
 from ddtrain.sync.ps.strategy import build_param_server
 from ddtrain.sync.spec import AUTO_OPTIONS, LOCAL_SGD_OPTIONS, StrategySpec
+from ddtrain.sync.zero import build_zero
 
 STRATEGIES: dict[str, StrategySpec] = {}
 
@@ -43,6 +48,12 @@ def register_strategy(spec: StrategySpec) -> StrategySpec:
 
 def _servers_check(options: SyncOptions) -> None:
     wire_dtype(options.compression)   # the compression methods parameter servers can carry
+
+
+def _shard_algorithm_check(options: SyncOptions) -> None:
+    if options.shard_algorithm not in comm.ALGORITHMS:
+        raise ConfigError("shard_algorithm", f"must be one of {', '.join(comm.ALGORITHMS)}, got "
+                                             f"{options.shard_algorithm!r}")
 
 
 for _spec in (
@@ -71,6 +82,21 @@ for _spec in (
     StrategySpec(name="local-sgd", build=LocalSGDStrategy, replicated=False, periodic=True, synchronous=False,
                  options=("sync_every", *LOCAL_SGD_OPTIONS), sends="average", averaging_algorithm=LOCAL_SGD_ALGORITHM,
                  summary="local steps; parameters averaged every --sync-every steps"),
+    # ZeRO-1: an all-reduce of the gradients and an all-gather of the parameters (1.5x ddp's bytes); ZeRO-2: a
+    # reduce-scatter and an all-gather (ddp's bytes); FSDP: two all-gathers and a reduce-scatter (1.5x)
+    StrategySpec(name="zero1", build=partial(build_zero, stage=1), sharded=True, options=("shard_algorithm",),
+                 check=_shard_algorithm_check, algorithm="native", sends="sharded",
+                 sharded_collectives=("allreduce", "allgather"),
+                 shards=("optimizer_state",),
+                 summary="ZeRO-1: the optimizer state split over the ranks (all-reduce, shard step, all-gather)"),
+    StrategySpec(name="zero2", build=partial(build_zero, stage=2), sharded=True, options=("shard_algorithm",),
+                 check=_shard_algorithm_check, algorithm="native", sends="sharded", sharded_collectives=("allreduce",),
+                 shards=("gradients", "optimizer_state"),
+                 summary="ZeRO-2: optimizer state and gradients split (reduce-scatter, shard step, all-gather)"),
+    StrategySpec(name="fsdp", build=build_fsdp, sharded=True, options=("fsdp_param_dtype",), algorithm="native",
+                 sends="sharded", sharded_collectives=("allreduce", "allgather"),
+                 shards=("parameters", "gradients", "optimizer_state"),
+                 summary="PyTorch's FSDP2 (fully_shard): parameters, gradients and optimizer state split"),
     StrategySpec(name=AUTO_NAME, build=partial(AutoStrategy, strategies=STRATEGIES), replicated=False,
                  checkpointable=False, synchronous=False, check=auto_check, options=AUTO_OPTIONS,
                  not_predicted="chooses among the others",
@@ -112,11 +138,16 @@ def wrap(strategy: str, model, optimizer, options: SyncOptions | None = None) ->
     """Apply ``strategy`` to a model already on its device and an optimizer over its parameters."""
     spec = strategy_spec(strategy)
     options = options or SyncOptions()   # checked against the strategy by its makers (TrainConfig, prepare)
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    # the sharded strategies run their machinery at world size 1 too where a process group exists (torchrun
+    # --nproc-per-node 1): one shard, no traffic, but their layout, copies and FSDP's mixed precision, so that
+    # speed and memory can be measured against ddp's bare model (benchmarks/gpu_sharding.py)
+    if dist.is_initialized() and (dist.get_world_size() > 1 or spec.sharded):
         applied = spec.build(model, optimizer, options)
     else:
         applied = single_process(model, optimizer)
     applied.spec = spec
+    if isinstance(applied.optimizer, torch.optim.Optimizer):   # every strategy's bytes, for the record (sync.memory)
+        applied.memory = MemoryMeter(applied.module, applied.optimizer)
     # ``finish`` runs once: when the loop calls it, or else at ddtrain.shutdown() (a script on the
     # prepare path only calls that, and parameter servers and local SGD need their last word there)
     runtime.AT_SHUTDOWN.append(applied.finish)

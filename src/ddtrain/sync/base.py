@@ -55,6 +55,8 @@ class SyncOptions:
     adaptive_max_interval: int = field(default=100, metadata={"agree": True, "resume": "may-change"})   # local-sgd --adaptive-interval: the longest interval (steps)
     adaptive_comm_fraction: float = field(default=0.1, metadata={"agree": True, "resume": "may-change"})   # local-sgd --adaptive-interval: the averaging may take this fraction of the interval's compute time
     adaptive_max_divergence: float = field(default=0.1, metadata={"agree": True, "resume": "may-change"})   # local-sgd --adaptive-interval: bound on the replicas' relative spread at an averaging (docs/PERFORMANCE.md; 0.026-0.147 measured at K=20 on MNIST, where DiLoCo matched ddp: results/diloco/cluster_100mbit.json)
+    shard_algorithm: str = field(default="native", metadata={"agree": True, "resume": "may-change"})   # zero1/zero2: the ddtrain.comm algorithm of the gradient reduction and the parameter all-gather (ring: its own reduce-scatter and all-gather phases; native: torch's; others: their all-reduce, docs/SHARDING.md)
+    fsdp_param_dtype: Literal["fp32", "bf16", "fp16"] = field(default="fp32", metadata={"agree": True, "resume": "may-change"})   # fsdp: the dtype parameters are all-gathered and computed in (FSDP2's MixedPrecisionPolicy; gradients are reduced in fp32)
     compression: str = field(default="none", metadata={"agree": True, "resume": "may-change"})   # gradient compression: none, fp16, bf16, powersgd:RANK[:WARMUP_STEPS], topk:FRACTION (docs/ALGORITHMS.md)
     auto_allow: str = field(default="", metadata={"agree": True, "resume": "may-change"})   # auto: method families that change the optimisation it may choose, comma-separated: fp16, bf16, powersgd, topk, local-sgd (default: exact methods only; docs/AUTO.md states each risk)
     auto_candidates: int = field(default=3, metadata={"agree": True, "resume": "may-change"})   # auto: how many of the predicted best methods it tries on the job's links
@@ -159,6 +161,7 @@ class Strategy:
         self.group = group                                   # process group of the workers (None: every rank)
         self.spec = None                                     # the StrategySpec it was built from (set by ``wrap``)
         self.monitor = None                                  # a DivergenceMonitor, where the strategy keeps one
+        self.memory = None                                   # a sync.memory.MemoryMeter (set by ``wrap``)
         self.accumulating = 0                                # how many ``no_sync()`` contexts are open
         self._sync_gradients = True                          # require_backward_grad_sync where no DDP holds it
         self._finished = False
@@ -268,6 +271,9 @@ class Strategy:
         if self._finished:
             return
         self._finished = True
+        if self.memory is not None:   # the bytes this rank held at its optimizer steps, in the record
+            self.stats.extra["memory"] = self.memory.as_dict()
+            self.memory.close()
         if self.finish in runtime.AT_SHUTDOWN:   # registered by ``wrap``; gone when shutdown() is the caller
             runtime.AT_SHUTDOWN.remove(self.finish)
         self.close()

@@ -39,10 +39,16 @@ class StrategySpec:
     options: tuple[str, ...] = ()   # the SyncOptions fields it reads besides READ_BY_ALL (others are refused)
     # what it sends, as the adviser (ddtrain advise, ddtrain.costmodel.advise) predicts it: "gradient" (DDP's buckets,
     # all-reduced with `algorithm` every step), "average" (the parameters, all-reduced with `averaging_algorithm`
-    # every --sync-every steps), or "" (not predicted; `not_predicted` says why)
+    # every --sync-every steps), "sharded" (the `sharded_collectives` over the whole model every step, after
+    # backward), or "" (not predicted; `not_predicted` says why)
     sends: str = ""
     averaging_algorithm: str | None = None   # the ddtrain.comm algorithm of its parameter averaging (sends="average")
     not_predicted: str = ""                  # why the adviser leaves it out (sends="")
+    # sends="sharded": each step's collectives over the whole model, "allreduce" (a reduce-scatter and an all-gather
+    # with `algorithm`: the all-reduce's schedule) or "allgather" (the parameters, the ring's R-1 steps)
+    sharded_collectives: tuple[str, ...] = ()
+    shards: tuple[str, ...] = ()    # what it splits over the ranks: "parameters", "gradients", "optimizer_state"
+    sharded: bool = False           # optimizer state split over the ranks: optimizer.state_dict() is collective (gathers it)
     check: Callable | None = None   # (SyncOptions) -> None: raises ConfigError for values of its options it cannot run with
 
     def takes_option(self, name: str) -> bool:

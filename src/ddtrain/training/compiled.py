@@ -64,6 +64,12 @@ def options(choice: str, device: torch.device, world_size: int = 1, planned_step
     return dict(TUNED)
 
 
-def compile_model(model: torch.nn.Module, choice: str, device: torch.device, planned_steps: int | None = None):
+def compile_model(model: torch.nn.Module, choice: str, device: torch.device, planned_steps: int | None = None, *,
+                  static_shapes: bool = False):
+    """``torch.compile(model)`` with ``choice``'s options; ``static_shapes``: ``dynamic=False`` (fsdp, below)."""
     world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-    return torch.compile(model, options=options(choice, device, world, planned_steps) or None)
+    # FSDP2's hooks are traced with the model; the recompile they cause marks sizes dynamic, and inductor then
+    # fails ("Cannot convert expression to float", torch 2.13, a plain fully_shard + torch.compile ResNet-18 on
+    # CPU); static shapes compile (the loop's batches have one size; another size recompiles)
+    return torch.compile(model, options=options(choice, device, world, planned_steps) or None,
+                         **({"dynamic": False} if static_shapes else {}))

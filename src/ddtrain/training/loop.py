@@ -173,7 +173,8 @@ def _fit(model, data, config, optimizer, loss_fn, callbacks, workers, preemption
                 planned = max(planned - state.step, 0)     # what is left of the run after a resume
                 chosen, why = compiled.choose(config.compile_options, device, runtime.total_ranks(), planned)
                 record["compile"] = {"options": chosen, "reason": why, "planned_steps": planned}
-                step_model = compiled.compile_model(strategy.model, config.compile_options, device, planned)
+                step_model = compiled.compile_model(strategy.model, config.compile_options, device, planned,
+                                                    static_shapes="parameters" in strategy.spec.shards)
             _train_epochs(state, step_model, loader,
                           loss_fn or recipe.loss_function(data.task, config.recipe.label_smoothing), distributed)
             if state.checkpointer is not None:

@@ -342,7 +342,8 @@ def save_state(directory=None, *, keep: int = DEFAULT_KEEP) -> Path:
     last = entries[-1]
     loader = next((e.loader for e in entries if e.loader is not None), None)
     state = None
-    if not replicated or rank0:
+    sharded = any(e.strategy.spec is not None and e.strategy.spec.sharded for e in entries)
+    if not replicated or rank0 or sharded:   # sharded (zero, fsdp): state_dict() gathers, on every rank
         state = {"entries": [_entry_state(e) for e in entries], "objects": [o.state_dict() for o in s.objects]}
     part = {"rng": checkpoint.rng_state(), "rng_epoch": loader.rng_epoch if loader is not None else None,
             "loaders": [_position(e.loader) for e in entries], "strategies": [e.strategy.state_dict() for e in entries],

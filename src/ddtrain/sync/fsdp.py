@@ -112,6 +112,13 @@ class FSDPStrategy(Strategy):
         moved = {id(p): new[names[id(p)]] for p in held}
         for group in optimizer.param_groups:
             group["params"] = [moved[id(p)] for p in group["params"]]
+            if group.get("fused"):
+                # DTensor has no sharding rule for the fused optimizer kernels ("aten._fused_sgd_.default does not
+                # have a sharding strategy registered": torch 2.11 on one H200, results/sharding/gpu_h200_fused_sgd.log,
+                # and torch 2.13's CPU kernel): the for-each kernels, which DTensor shards, do the same arithmetic
+                group["fused"], group["foreach"] = False, True
+        if optimizer.defaults.get("fused"):
+            optimizer.defaults["fused"] = False
         for old_id, param in moved.items():   # state loaded before wrapping: keyed by the old parameter objects
             for key in [k for k in optimizer.state if id(k) == old_id]:
                 optimizer.state[param] = optimizer.state.pop(key)

@@ -120,6 +120,10 @@ def committed_records():
             record = json.loads(path.read_text())
         except ValueError:
             continue
+        # a bench scaling summary's config is the matrix (ScalingConfig.as_dict: a TrainConfig's settings and the
+        # axes, batch_sizes among them), not a training record's (results/sharding/scaling_cpu_3ranks/scaling.json)
+        if record.get("kind") == "ddtrain-bench-scaling" if isinstance(record, dict) else False:
+            continue
         if isinstance(record, dict) and isinstance(record.get("config"), dict) and "strategy" in record["config"]:
             yield path, record
 

@@ -103,21 +103,11 @@ def strategy_infos(names: str | None = None) -> tuple[list[advise.StrategyInfo],
     why each strategy it cannot predict is left out: its spec's ``not_predicted``, or what its algorithm lacks."""
     infos, skipped = [], {}
     for name, spec in STRATEGIES.items():
-        if spec.sends == "gradient":
-            infos.append(advise.StrategyInfo(name=name, algorithm=spec.algorithm, kind="gradient",
-                                             compressible=spec.takes_option("compression")))
-        elif spec.sends == "average":
-            outers = OUTER_STEPS if spec.takes_option("outer_optimizer") else ("average",)
-            infos.append(advise.StrategyInfo(name=name, algorithm=spec.averaging_algorithm, kind="average",
-                                             outers=outers))
-        elif spec.sends == "sharded":
-            infos.append(advise.StrategyInfo(name=name, algorithm=spec.algorithm, kind="sharded", compressible=False,
-                                             sharded=spec.sharded_collectives, shards=spec.shards))
-        elif spec.sends == "":
+        info = spec.advice_info(OUTER_STEPS)
+        if info is None:
             skipped[name] = spec.not_predicted or "its StrategySpec does not say what it sends (sends=)"
         else:
-            raise DDTrainError(f"strategy {name!r}: StrategySpec.sends must be 'gradient', 'average', 'sharded' or '', "
-                               f"got {spec.sends!r}")
+            infos.append(info)
     infos, unmodelled = advise.predictable(infos)
     skipped = {n: skipped.get(n) or unmodelled[n] for n in STRATEGIES if n in skipped or n in unmodelled}
     if names:

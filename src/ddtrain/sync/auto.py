@@ -118,16 +118,10 @@ def family(method: advise.Method) -> str | None:
 
 
 def strategy_infos(strategies) -> list[advise.StrategyInfo]:
-    """What the adviser needs of each predictable strategy of ``strategies`` (STRATEGIES; ``auto`` itself has sends='')."""
+    """What the adviser needs of each strategy auto can switch to: those that send gradients or averages (``auto``
+    itself has sends=''; a sharded strategy's state is split over the ranks, which ``handover`` does not move)."""
     outers = typing.get_args(typing.get_type_hints(SyncOptions)["outer_optimizer"])
-    infos = []
-    for name, spec in strategies.items():
-        if spec.sends == "gradient":
-            infos.append(advise.StrategyInfo(name=name, algorithm=spec.algorithm, kind="gradient",
-                                             compressible=spec.takes_option("compression")))
-        elif spec.sends == "average":
-            infos.append(advise.StrategyInfo(name=name, algorithm=spec.averaging_algorithm, kind="average",
-                                             outers=outers if spec.takes_option("outer_optimizer") else ("average",)))
+    infos = [spec.advice_info(outers) for spec in strategies.values() if spec.sends in ("gradient", "average")]
     return advise.predictable(infos)[0]
 
 

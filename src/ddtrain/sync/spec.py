@@ -55,6 +55,28 @@ class StrategySpec:
         """Does this strategy read SyncOptions field ``name``?"""
         return name in self.options or name in READ_BY_ALL
 
+    def advice_info(self, outers: tuple[str, ...]):
+        """The adviser's view of this strategy (``ddtrain.costmodel.advise.StrategyInfo``), or None for ``sends=""``.
+
+        One mapping for ``ddtrain advise`` (bench.advise) and ``--strategy auto`` (sync.auto). ``outers``: the
+        outer steps local SGD can take (the values of ``SyncOptions.outer_optimizer``).
+        """
+        from ddtrain.costmodel.advise import StrategyInfo
+        from ddtrain.errors import DDTrainError
+        if self.sends == "gradient":
+            return StrategyInfo(name=self.name, algorithm=self.algorithm, kind="gradient",
+                                compressible=self.takes_option("compression"))
+        if self.sends == "average":
+            return StrategyInfo(name=self.name, algorithm=self.averaging_algorithm, kind="average",
+                                outers=outers if self.takes_option("outer_optimizer") else ("average",))
+        if self.sends == "sharded":
+            return StrategyInfo(name=self.name, algorithm=self.algorithm, kind="sharded", compressible=False,
+                                sharded=self.sharded_collectives, shards=self.shards)
+        if self.sends == "":
+            return None
+        raise DDTrainError(f"strategy {self.name!r}: StrategySpec.sends must be 'gradient', 'average', 'sharded' or '', "
+                           f"got {self.sends!r}")
+
     def extra_ranks(self, servers: int) -> int:
         """Ranks the strategy needs besides the workers (parameter servers)."""
         return servers if self.uses_servers else 0

@@ -246,3 +246,53 @@ def test_job_processes_are_found_by_token_and_session():
             if p.poll() is None:
                 p.kill()
             p.wait()
+
+
+def _watched(alive, **times):
+    """A SignalWatch on this process's SIGTERM (a no-op handler, as torchrun's launcher has one); its stuck calls."""
+    from ddtrain.distributed import processes
+    stuck = []
+    previous = signal.signal(signal.SIGTERM, lambda *_: None)
+    watch = processes.SignalWatch(kill_after=3, stuck=stuck.append, escalate=lambda *_: None,
+                                  workers_alive=lambda: alive[0], **times)
+    assert watch.start()
+    return watch, stuck, previous
+
+
+def test_a_launcher_slow_to_return_after_its_workers_saved_and_ended_is_not_called_stuck():
+    """Was CI's exit 143 for 75: SIGTERM reached workers that saved and exited within 1.5 s, the loaded launcher
+    was still returning, and the watch thread took it for one blocked in C++ before its workers started."""
+    alive = [True]
+    watch, stuck, previous = _watched(alive, stuck_s=0.5, settle_s=1.5)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)
+        alive[0] = False            # the workers saved and ended within stuck_s; the launcher has not returned yet
+        time.sleep(1.0)             # twice stuck_s: the old check had called it stuck by now
+        assert stuck == []
+        time.sleep(1.5)             # settle_s after the workers ended, still not returned: stuck after all
+        assert stuck == [signal.SIGTERM]
+    finally:
+        watch.close()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def test_a_signal_while_no_worker_runs_is_stuck_after_stuck_s_and_not_when_the_launch_ends_first():
+    alive = [False]
+    watch, stuck, previous = _watched(alive, stuck_s=0.3, settle_s=60)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1.0)
+        assert stuck == [signal.SIGTERM]          # blocked before its workers started: stopped within stuck_s
+    finally:
+        watch.close()
+        signal.signal(signal.SIGTERM, previous)
+    watch, stuck, previous = _watched(alive, stuck_s=0.5, settle_s=60)
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.1)
+        watch.close()                             # the launch returned in time
+        time.sleep(0.8)
+        assert stuck == []
+    finally:
+        signal.signal(signal.SIGTERM, previous)

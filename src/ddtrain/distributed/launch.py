@@ -323,7 +323,7 @@ class _Job:
         from ddtrain.distributed.processes import end_job
         self.signals = max(self.signals, 1)
         where = (f"waiting for the other nodes at {self.nodes[2]} (--rdzv-endpoint)" if self.nodes
-                 else "before its workers started")
+                 else "after its workers ended" if self.sessions else "before its workers started")
         what = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"stopped by {signal.Signals(signum).name}"
         print(f"ddtrain: {what} {where}; stopped", file=sys.stderr, flush=True)
         end_job(self.token, self.sessions, grace_s=0)

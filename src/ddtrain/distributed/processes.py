@@ -126,16 +126,21 @@ class SignalWatch:
     Python runs a signal handler only when the main thread returns to Python code; a main thread
     blocked in C++ (torch's store waiting for a node that never comes) would hear Ctrl-C only at
     its timeout. The wake-up file gets the signal's number at once, from C. ``stuck(signum)`` is
-    called when, ``stuck_s`` after a stop signal, the launch is still running and none of its
-    workers is (nothing to stop but the launcher itself); ``escalate(signum, count)`` at the
+    called when, ``stuck_s`` after a stop signal that found no worker running, the launch is still
+    running and none of its workers is (nothing to stop but the launcher itself). A signal that
+    found workers running reached a main thread in torch's Python loop, which stops them and
+    returns: only ``settle_s`` after the last of them ended is that launcher called stuck (a
+    stopped job's workers can save and exit well within 1.5 s while a loaded machine's launcher
+    takes longer to return: CI's exit 143 for 75). ``escalate(signum, count)`` at the
     ``kill_after``-th stop signal (the workers ignored the earlier ones). Only Python-handled
     signals reach the wake-up file: every stop signal of a launch has a handler (torchrun's, or
     ``run_local``'s).
     """
 
-    def __init__(self, *, kill_after: int, stuck, escalate, workers_alive, stuck_s: float = 1.5):
+    def __init__(self, *, kill_after: int, stuck, escalate, workers_alive, stuck_s: float = 1.5,
+                 settle_s: float = 30.0):
         self.kill_after, self.stuck, self.escalate, self.workers_alive = kill_after, stuck, escalate, workers_alive
-        self.stuck_s = stuck_s
+        self.stuck_s, self.settle_s = stuck_s, settle_s
         self.count = 0
         self.done = threading.Event()
         self._fds: tuple[int, int] | None = None
@@ -174,10 +179,17 @@ class SignalWatch:
                 if self.count >= self.kill_after:
                     self.escalate(number, self.count)
                 elif self.count == 1:
-                    threading.Thread(target=self._check_stuck, args=(number,), daemon=True).start()
+                    threading.Thread(target=self._check_stuck, args=(number, self.workers_alive()),
+                                     daemon=True).start()
 
-    def _check_stuck(self, number: int) -> None:
-        if not self.done.wait(self.stuck_s) and not self.workers_alive():
+    def _check_stuck(self, number: int, alive_at_signal: bool) -> None:
+        wait = self.stuck_s
+        if alive_at_signal:   # torch's loop stops them (a preempted job's save: up to its grace) and then returns
+            while self.workers_alive():
+                if self.done.wait(0.2):
+                    return
+            wait = self.settle_s
+        if not self.done.wait(wait) and not self.workers_alive():
             self.stuck(number)
 
     def close(self) -> None:

@@ -52,7 +52,19 @@ def group_of_one(device: torch.device) -> None:
                             rank=0, world_size=1, **({"device_id": device} if device.type == "cuda" else {}))
 
 
-def run_arm(case, data, warmup, steps, device, strategy, param_dtype) -> dict:
+def run_arm(case, data, warmup, steps, device, arm, param_dtype) -> dict:
+    """One arm: a strategy, or ``fsdp@N`` (fsdp with units of at most N parameters, sync.fsdp.MAX_UNIT_PARAMS)."""
+    from ddtrain.sync import fsdp as fsdp_module
+    strategy, _, bound = arm.partition("@")
+    default = fsdp_module.MAX_UNIT_PARAMS
+    fsdp_module.MAX_UNIT_PARAMS = int(bound) if bound else default
+    try:
+        return _run_arm(case, data, warmup, steps, device, strategy, param_dtype)
+    finally:
+        fsdp_module.MAX_UNIT_PARAMS = default
+
+
+def _run_arm(case, data, warmup, steps, device, strategy, param_dtype) -> dict:
     _, name, shape, classes, batch, amp, cl, compiled = case
     model = fresh_model(name, shape, classes, cl, device)
     extra = {"fsdp_param_dtype": param_dtype} if strategy == "fsdp" else {}
@@ -67,7 +79,8 @@ def run_arm(case, data, warmup, steps, device, strategy, param_dtype) -> dict:
     loss = record["epochs"][-1]["train_loss"] if record["epochs"] else float("nan")
     return {"images_per_s": steps * batch / timer.elapsed, "train_loss": loss, "wrong": int(not math.isfinite(loss)),
             "cuda_max_allocated_bytes": torch.cuda.max_memory_allocated(device) if device.type == "cuda" else None,
-            "memory": (record.get("comm") or [{}])[0].get("memory")}
+            "memory": (record.get("comm") or [{}])[0].get("memory"),
+            "fsdp_units": (record.get("comm") or [{}])[0].get("fsdp_units")}
 
 
 def write(path: str, data: dict) -> None:
@@ -82,7 +95,8 @@ def main() -> int:
     p.add_argument("--warmup", type=int, default=15)
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--strategies", default="ddp,zero2,fsdp")
+    p.add_argument("--strategies", default="ddp,zero2,fsdp",
+                   help="arms, comma-separated; fsdp@N: fsdp with units of at most N parameters")
     p.add_argument("--fsdp-param-dtype", default="fp32", choices=("fp32", "bf16", "fp16"))
     p.add_argument("--quick", action="store_true", help="a tiny ResNet-18 without compile, few steps (CPU smoke test)")
     p.add_argument("--out", required=True, help="the JSON file to write")

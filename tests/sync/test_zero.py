@@ -46,14 +46,19 @@ def reference(kind, clip=0.0, steps=STEPS):
     return [p.detach().clone() for p in model.parameters()]
 
 
-def train_ranks(strategy, kind, clip=0.0, algorithm="native", steps=STEPS):
-    """One rank: ``strategy`` through ddtrain.sync.wrap (as fit applies it); returns (parameters, memory, state keys)."""
+def train_ranks(strategy, kind, clip=0.0, algorithm="native", steps=STEPS, per_layer=False):
+    """One rank: ``strategy`` through ddtrain.sync.wrap (as fit applies it); returns (parameters, memory, state keys).
+
+    ``per_layer``: the model's ``fsdp_units`` makes each Linear an FSDP unit (by default both are one).
+    """
     import torch.distributed as dist
 
     from ddtrain import recipe
     from ddtrain.sync import SyncOptions, wrap
     rank = dist.get_rank()
     model = make_model()
+    if per_layer:
+        model.fsdp_units = (torch.nn.Linear,)
     optimizer = make_optimizer(model, kind)
     applied = wrap(strategy, model, optimizer, SyncOptions(shard_algorithm=algorithm) if strategy.startswith("zero")
                    else SyncOptions())
@@ -107,10 +112,11 @@ def test_zero2_over_ddtrain_algorithms_with_clipping(algorithm):
     assert close(zero[0][0], reference("adamw", clip=0.05, steps=12))
 
 
-@pytest.mark.parametrize("kind", ["adamw", "sgd"])
-def test_fsdp_equals_ddp_and_plain_loop(kind):
+@pytest.mark.parametrize("kind, per_layer", [("adamw", False), ("sgd", False), ("sgd", True)])
+def test_fsdp_equals_ddp_and_plain_loop(kind, per_layer):
+    """Both Linears one unit (fully_shard of a list, the default grouping), or one unit each (fsdp_units)."""
     ddp = run_ranks(train_ranks, 3, "ddp", kind)
-    fsdp = run_ranks(train_ranks, 3, "fsdp", kind)
+    fsdp = run_ranks(train_ranks, 3, "fsdp", kind, 0.0, "native", STEPS, per_layer)
     assert close(fsdp[0][0], ddp[0][0]) and close(fsdp[0][0], reference(kind))
     assert max(r[1] for r in fsdp) <= 0.4 * ddp[0][1]
     assert fsdp[0][2]["state"][0]["exp_avg" if kind == "adamw" else "momentum_buffer"].shape == (11, 7)

@@ -7,10 +7,15 @@ all-reduce's bytes: two all-gathers and a reduce-scatter). It runs on Gloo: torc
 has all the collectives FSDP2 calls (``all_gather_into_tensor``, ``reduce_scatter_tensor``) --
 checked on 3 CPU ranks, tests/sync/test_fsdp.py.
 
-Wrapping policy (``units``): a unit per block, the root last. A block is a module whose class is
-in the model's ``fsdp_units`` attribute (a tuple of classes, for user models) or, without one, a
-module whose class name ends in ``Block`` (the zoo's ResNet, VGG and U-Net blocks); a model with
-no blocks gets a unit per direct child that holds parameters (an MLP's layers).
+Wrapping policy (``units``): consecutive modules grouped into the fewest units of at most
+``MAX_UNIT_PARAMS`` parameters each (``fully_shard`` of a list: one all-gather and one
+reduce-scatter per group), the root last. Every unit costs its hooks, copies and collectives on
+every step whatever its size, and saves the memory of its parameters only while another unit runs.
+From the root down, siblings are added to the current unit while it stays under the bound; a child
+larger than the bound is split into its children, except a block (class name ending in ``Block``
+or ``Layer``: a residual or transformer block) or a leaf, which is a unit of its own at any size.
+The model's ``fsdp_units`` attribute (a tuple of classes) overrides all this: a unit per module of
+those classes. (torch 2.4/2.5's ``fully_shard`` takes one module: a group is then a unit per module.)
 
 The user's optimizer is kept: ``fully_shard`` replaces the model's parameters by DTensor ones,
 and the optimizer's param groups (and any state) are moved onto them by name. Mixed precision:
@@ -47,18 +52,65 @@ def _fsdp():
     return fully_shard, MixedPrecisionPolicy
 
 
-def units(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """The modules sharded as units before the root (see the module doc), outermost first."""
+# The largest unit gathered whole: 2**24 parameters (64 MiB in fp32). What a small model pays is the
+# count of units, not their size: a unit per ResNet-50 block (16 + the root) ran the compiled bf16 path on
+# one H200 at 0.393x ddp's images/s (results/sharding/gpu_h200.json); on this project's 2-core CPU
+# each FSDP2 unit adds 0.57 ms to a step, its size aside (81 one-layer units: 55.3 ms, one: 9.5 ms;
+# median of 3, results/sharding/fsdp_unit_cost_cpu.json). At this bound ResNet-50 is 2 units, VGG-16 4.
+MAX_UNIT_PARAMS = 1 << 24
+
+
+def _size(module: torch.nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())
+
+
+def _is_block(module: torch.nn.Module) -> bool:
+    return type(module).__name__.endswith(("Block", "Layer"))
+
+
+def units(model: torch.nn.Module, max_params: int | None = None) -> list[list[torch.nn.Module]]:
+    """The units sharded before the root, in forward order: each a list of modules gathered as one (see the module doc)."""
     wanted = getattr(model, "fsdp_units", None)
-    picked = []
-    for module in model.modules():
-        if module is model or any(module in {*p.modules()} for p in picked):
-            continue
-        if (isinstance(module, tuple(wanted)) if wanted else type(module).__name__.endswith("Block")):
-            picked.append(module)
-    if not picked and not wanted:
-        picked = [child for child in model.children() if any(True for _ in child.parameters())]
-    return picked
+    if wanted:
+        picked = []
+        for module in model.modules():
+            if module is not model and isinstance(module, tuple(wanted)) and \
+                    not any(module in {*m.modules()} for group in picked for m in group):
+                picked.append([module])
+        return picked
+    limit = max_params or MAX_UNIT_PARAMS
+    found: list[list[torch.nn.Module]] = []
+
+    def walk(module) -> None:
+        group, size = [], 0
+        for child in module.children():
+            n = _size(child)
+            if not n:
+                continue
+            if n > limit and any(True for _ in child.children()) and not _is_block(child):
+                found.extend([group] if group else [])
+                group, size = [], 0
+                walk(child)                 # too large to gather whole: its children
+            elif group and size + n > limit:
+                found.append(group)
+                group, size = [child], n
+            else:
+                group, size = [*group, child], size + n
+        found.extend([group] if group else [])
+    walk(model)
+    return found
+
+
+def _shard_group(fully_shard, group: list, policy) -> None:
+    """``fully_shard`` a unit: a list of modules as one (torch >= 2.6), each on its own where a list is refused."""
+    if len(group) == 1:
+        fully_shard(group[0], mp_policy=policy)
+        return
+    try:
+        fully_shard(group, mp_policy=policy)
+    except (TypeError, AttributeError, ValueError, AssertionError):   # torch 2.4/2.5: one module at a time
+        for module in group:
+            fully_shard(module, mp_policy=policy)
 
 
 def _distribute(full: torch.Tensor, like) -> torch.Tensor:
@@ -104,7 +156,7 @@ class FSDPStrategy(Strategy):
         self.units = units(model)
         try:
             for unit in self.units:
-                fully_shard(unit, mp_policy=policy)
+                _shard_group(fully_shard, unit, policy)
             fully_shard(model, mp_policy=policy)
         except (RuntimeError, ValueError, AssertionError) as exc:
             raise DDTrainError(f"fsdp: fully_shard refused the model: {str(exc).splitlines()[0][:300]}") from None
@@ -134,7 +186,7 @@ class FSDPStrategy(Strategy):
                              "dtype) and of every parameter in fp32 (the reduce-scatter)")
         ranks = dist.get_world_size()
         gather_size = torch.tensor([], dtype=PARAM_DTYPES[options.fsdp_param_dtype] or torch.float32).element_size()
-        in_units = sum(p.numel() for unit in self.units for p in unit.parameters())
+        in_units = sum(_size(m) for unit in self.units for m in unit)
         total = sum(p.numel() for p in model.parameters())
         share = (ranks - 1) / ranks
         # the root is not resharded after forward (FSDP2's heuristic: its backward would gather it at once)

@@ -27,6 +27,16 @@ def test_parse_signals_names_numbers_and_refusals():
         parse_signals("BOGUS")
     with pytest.raises(DDTrainError, match="--preempt-signal '999': no signal"):
         parse_signals("999")
+    with pytest.raises(DDTrainError, match="'²' is not a signal"):   # was int('²'): '²'.isdigit() is True
+        parse_signals("²")
+
+
+def test_a_superscript_digit_in_torchrun_s_restart_count_is_no_count_not_a_traceback(monkeypatch):
+    from ddtrain.distributed.storage import restarts_allowed
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", "²")
+    assert restarts_allowed(1) == 1
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", " 3 ")
+    assert restarts_allowed(1) == 3
 
 
 def test_a_real_signal_only_sets_the_flag_and_the_handlers_are_put_back():

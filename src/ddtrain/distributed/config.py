@@ -72,7 +72,7 @@ class DistConfig:
                               mentions=("nnodes",))
         if most > 1:
             host, _, port = (self.rdzv_endpoint or "").rpartition(":")
-            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            if not host or not port.isdecimal() or not 0 < int(port) < 65536:
                 raise ConfigError("rdzv_endpoint", f"a multi-node launch needs HOST:PORT of node 0 (the same on "
                                                    f"every node), got {self.rdzv_endpoint!r}")
 

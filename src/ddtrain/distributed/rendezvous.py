@@ -166,7 +166,7 @@ REFORMS_ENV = "DDTRAIN_REFORMS"
 
 def _count(name: str) -> int:
     value = os.environ.pop(name, "").strip()
-    return int(value) if value.isdigit() else 0
+    return int(value) if value.isdecimal() else 0
 
 
 def add_attempt_base() -> None:
@@ -219,6 +219,6 @@ def _agree_attempt(counts: list[str]) -> None:
     are, the ranks of one attempt would wait on keys of different attempts (here, in the doctor,
     the stall and watchdog keys) and a restarted node would fire its DDTRAIN_FAULT again.
     """
-    attempt = max((int(c) for c in counts if c.strip().isdigit()), default=0)
+    attempt = max((int(c) for c in counts if c.strip().isdecimal()), default=0)
     if attempt > restart_attempt():
         set_restart_attempt(attempt)

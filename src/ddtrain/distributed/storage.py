@@ -32,7 +32,7 @@ def _newest_checkpoint(directory: Path) -> str | None:
 def restarts_allowed(configured: int = 0) -> int:
     """How often this job may be restarted: ``--max-restarts``, or torchrun's (TORCHELASTIC_MAX_RESTARTS)."""
     raw = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")
-    return max(configured, int(raw) if raw.isdigit() else 0)
+    return max(configured, int(raw.strip()) if raw.strip().isdecimal() else 0)
 
 
 def check_shared(directory, *, attempt: int, max_restarts: int) -> None:

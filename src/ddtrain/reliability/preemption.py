@@ -59,7 +59,7 @@ def parse_signals(text: str, what: str = "--preempt-signal") -> tuple[str, ...]:
         if not item:
             continue
         name = item.upper()
-        if name.isdigit():
+        if name.isdecimal():
             try:
                 name = signal.Signals(int(name)).name
             except ValueError:

@@ -44,7 +44,8 @@ def test_wire_bytes_formulas_by_hand():
 
 @pytest.mark.parametrize("spec, phrase", [("zip", "must be one of"), ("powersgd:0", "positive integer"),
                                           ("powersgd:4:1", "at least 2"), ("topk:0", "(0, 1]"), ("topk:1.5", "(0, 1]"),
-                                          ("bf16:1", "takes no argument"), ("powersgd:x", "whole numbers")])
+                                          ("bf16:1", "takes no argument"), ("powersgd:x", "whole numbers"),
+                                          ("topk:abc", "write topk:FRACTION")])
 def test_bad_specs_name_the_problem(spec, phrase):
     with pytest.raises(ValueError, match="compression") as error:
         compression.check_spec(spec)
@@ -68,12 +69,12 @@ def compressed_steps(spec: str, steps: int = 2) -> tuple[list, int]:
     return out, sent.bytes_sent
 
 
-def _topk_reference(steps: int = 2) -> list:
-    errors = [torch.zeros_like(_gradient(0, 0)) for _ in range(WORLD)]
+def _topk_reference(steps: int = 2, world: int = WORLD) -> list:
+    errors = [torch.zeros_like(_gradient(0, 0)) for _ in range(world)]
     results = []
     for step in range(steps):
         total = torch.zeros_like(errors[0])
-        for rank in range(WORLD):
+        for rank in range(world):
             g = _gradient(rank, step) + errors[rank]
             sent = torch.zeros_like(g)
             offset = 0
@@ -85,16 +86,30 @@ def _topk_reference(steps: int = 2) -> list:
                 offset += size
             errors[rank] = g - sent
             total += sent
-        results.append(total / WORLD)
+        results.append(total / world)
     return results
 
 
-def test_topk_with_memory_matches_the_reference_on_three_ranks_and_sends_its_formula():
-    reference = _topk_reference()
-    for averaged, sent in run_ranks(compressed_steps, WORLD, "topk"):
+@pytest.mark.parametrize("world", [2, WORLD])
+def test_topk_with_memory_matches_the_reference_on_three_ranks_and_sends_its_formula(world):
+    """At 3 ranks, and at 2 (a path that took world 2 for world 1 would skip the exchange there)."""
+    reference = _topk_reference(world=world)
+    for averaged, sent in run_ranks(compressed_steps, world, "topk"):
         for got, want in zip(averaged, reference):
             torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-7)
-        assert sent == 2 * compression.wire_bytes("topk:0.25", SHAPES, WORLD)
+        assert sent == 2 * compression.wire_bytes("topk:0.25", SHAPES, world)
+
+
+def test_topk_in_one_process_sends_the_top_entries_keeps_the_rest_and_takes_a_whole_fraction():
+    """No process group (world 1): the reference of one rank; a buffer of empty tensors; fraction 1 sends all."""
+    flat = _gradient(0, 0)
+    got = TopK(0.25).all_reduce_(flat.clone(), SHAPES)
+    torch.testing.assert_close(got, _topk_reference(steps=1, world=1)[0], rtol=0, atol=0)
+    assert TopK(0.25).all_reduce_(torch.zeros(0), [(0,), (3, 0)]).numel() == 0
+    assert compression.parse_spec("topk:1")[1] == 1.0
+    everything = TopK(1.0)
+    assert torch.equal(everything.all_reduce_(flat.clone(), SHAPES), flat)
+    assert not everything.error.state_dict() or all(not v.any() for v in everything.error.state_dict().values())
 
 
 def _orthonormal(a: torch.Tensor) -> torch.Tensor:

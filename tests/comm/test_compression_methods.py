@@ -25,6 +25,8 @@ WORLD = 3
 # a matrix too small to compress at rank 4, a bias (never compressed), a small conv kernel, and a
 # 40x30 matrix that rank 4 compresses ((40 + 30) x 4 x 2 < 40 x 30)
 SHAPES = [(12, 10), (12,), (6, 2, 3), (40, 30)]
+# two matrices that rank 4 compresses in one buffer (P's and Q's offsets move past the first), a 0-d gradient
+SHAPES_TWO = [(40, 30), (), (24, 20), (5,)]
 
 
 def test_wire_bytes_formulas_by_hand():
@@ -52,19 +54,19 @@ def test_bad_specs_name_the_problem(spec, phrase):
     assert phrase in str(error.value)
 
 
-def _gradient(rank: int, step: int) -> torch.Tensor:
+def _gradient(rank: int, step: int, shapes=SHAPES) -> torch.Tensor:
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(sum(math.prod(s) for s in SHAPES), generator=g)
+    return torch.randn(sum(math.prod(s) for s in shapes), generator=g)
 
 
-def compressed_steps(spec: str, steps: int = 2) -> tuple[list, int]:
+def compressed_steps(spec: str, steps: int = 2, shapes=SHAPES) -> tuple[list, int]:
     """Each step's averaged buffer on this rank, and the bytes it sent."""
     compressor = PowerSGD(4, 0) if spec == "powersgd" else TopK(0.25)
     out = []
     with traffic.measure() as sent:
         for step in range(steps):
-            flat = _gradient(dist.get_rank(), step)
-            compressor.all_reduce_(flat, SHAPES, algorithm="ring", key=0, last=True)
+            flat = _gradient(dist.get_rank(), step, shapes)
+            compressor.all_reduce_(flat, shapes, algorithm="ring", key=0, last=True)
             out.append(flat)
     return out, sent.bytes_sent
 
@@ -116,25 +118,27 @@ def _orthonormal(a: torch.Tensor) -> torch.Tensor:
     return torch.linalg.qr(a).Q
 
 
-def _powersgd_reference(steps: int = 2) -> list:
+def _powersgd_reference(steps: int = 2, shapes=SHAPES) -> list:
     """Algorithm 1 of Vogels et al. over WORLD ranks, rank 4, with error feedback and warm start."""
-    sizes = [math.prod(s) for s in SHAPES]
+    sizes = [math.prod(s) for s in shapes]
     errors = [torch.zeros(sum(sizes)) for _ in range(WORLD)]
     seed = np.random.RandomState(0).randint(1_000_000_000)   # the module's seeds (torch's PowerSGDState's)
     q_start = {}
     results = []
     for step in range(steps):
-        inputs = [_gradient(r, step) + errors[r] for r in range(WORLD)]
+        inputs = [_gradient(r, step, shapes) + errors[r] for r in range(WORLD)]
         out = torch.zeros(sum(sizes))
         offset = 0
         if step == 0:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(seed)
-                for i, shape in enumerate(SHAPES):
+                for i, shape in enumerate(shapes):
+                    if not shape:                      # a 0-d gradient: no matrix
+                        continue
                     n, m = shape[0], math.prod(shape) // shape[0]
                     if (n + m) * min(n, m, 4) * 2 < n * m:
                         q_start[i] = _orthonormal(torch.randn(1, m, min(n, m, 4))[0])
-        for i, (shape, size) in enumerate(zip(SHAPES, sizes)):
+        for i, (shape, size) in enumerate(zip(shapes, sizes)):
             pieces = [x[offset:offset + size] for x in inputs]
             if i not in q_start:                       # not worth compressing: the plain mean
                 out[offset:offset + size] = sum(pieces) / WORLD
@@ -162,6 +166,66 @@ def test_powersgd_matches_the_published_algorithm_on_three_ranks_and_sends_its_f
     # per rank the ring's chunks differ by an element; over the ranks: exactly R times the mean per rank
     assert sum(sent for _, sent in ranks) == pytest.approx(WORLD * 2 * compression.wire_bytes("powersgd:4", SHAPES, WORLD),
                                                            abs=1e-6)
+
+
+def test_powersgd_compresses_two_matrices_of_one_buffer_and_leaves_a_0d_gradient_alone():
+    """P's and Q's offsets move past the first matrix (a slip there overlaps the second's factors); a scalar is sent
+    as it is."""
+    assert [s for s in SHAPES_TWO if matrix_plan(s, 4)[0]] == [(40, 30), (24, 20)]
+    assert matrix_plan((), 4)[0] is False and matrix_plan((0, 7), 4)[0] is False
+    reference = _powersgd_reference(shapes=SHAPES_TWO)
+    for averaged, _ in run_ranks(compressed_steps, WORLD, "powersgd", 2, SHAPES_TWO):
+        for got, want in zip(averaged, reference):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_powersgd_spec_reads_rank_then_warmup_and_takes_rank_1():
+    assert compression.parse_spec("powersgd:4")[1] == (4, 10)          # the documented default warm-up
+    assert compression.parse_spec("powersgd:4:20")[1] == (4, 20)
+    assert compression.parse_spec("powersgd:1")[1] == (1, 10)
+
+
+def test_orthogonalisation_leaves_a_zero_column_zero_and_the_others_orthonormal():
+    from ddtrain.comm.compression.powersgd import orthogonalize_
+    g = torch.Generator().manual_seed(3)
+    a = torch.randn(2, 9, 4, generator=g, dtype=torch.float64)
+    a[0, :, 1] = 0                                    # a layer with no gradient yet
+    orthogonalize_(a)
+    assert torch.isfinite(a).all() and not a[0, :, 1].any()
+    for batch, cols in ((0, [0, 2, 3]), (1, [0, 1, 2, 3])):
+        q = a[batch][:, cols]
+        torch.testing.assert_close(q.T @ q, torch.eye(len(cols), dtype=torch.float64), rtol=0, atol=1e-12)
+
+
+def _two_bucket_steps(compressor, steps, first_step=0):
+    """Each step: bucket 1 holds only a bias (no matrix), then bucket 0 a 40x30 matrix; the averaged buffers."""
+    out = []
+    for step in range(first_step, first_step + steps):
+        row = []
+        for key, shape in ((1, (7,)), (0, (40, 30))):
+            flat = torch.randn(math.prod(shape), generator=torch.Generator().manual_seed(10 * step + key))
+            compressor.all_reduce_(flat, [shape], key=key, last=key == 0)
+            row.append(flat)
+        out.append(row)
+    return out
+
+
+@pytest.mark.parametrize("stop_after", [3, 4])
+def test_powersgd_resumed_at_the_end_of_warm_up_or_after_draws_the_seeds_of_the_uninterrupted_run(stop_after):
+    """Warm-up 3. Stopped after exactly 3 steps (the next is the first compressed: every bucket starts fresh, the
+    matrix-free one drawing its seed first), or after 4 (every bucket seen before: none draws again). The resumed
+    run's buffers and its seed generator equal the uninterrupted run's."""
+    whole = PowerSGD(4, 3)
+    expected = _two_bucket_steps(whole, 7)
+    first = PowerSGD(4, 3)
+    _two_bucket_steps(first, stop_after)
+    resumed = PowerSGD(4, 3)
+    resumed.load_state_dict(first.state_dict())
+    got = _two_bucket_steps(resumed, 7 - stop_after, first_step=stop_after)
+    for want_row, got_row in zip(expected[stop_after:], got):
+        assert all(torch.equal(w, g) for w, g in zip(want_row, got_row))
+    assert resumed.steps == whole.steps == 7
+    assert resumed.rng.get_state()[2] == whole.rng.get_state()[2]     # the generator's position: the same draws
 
 
 def test_powersgd_warmup_counts_steps_not_buffers():

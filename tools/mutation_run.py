@@ -7,6 +7,7 @@
     python tools/mutation_run.py --package comm/compression          # every file of a package
     python tools/mutation_run.py --package sync --jobs 2             # two files at a time (two copies)
     python tools/mutation_run.py --report                            # results/mutations/campaign.md from the JSONs
+    python tools/mutation_run.py --recheck                           # survivors triaged 'test': killed now?
 
 Why cosmic-ray (docs/TESTING.md, "Mutation testing"): it writes each mutant into the source
 file on disk and runs an ordinary test command in a subprocess, so every process a test starts
@@ -490,6 +491,75 @@ def report() -> str:
     return "\n".join(lines) + "\n"
 
 
+def recheck(args) -> None:
+    """Every survivor triaged ``test`` run again: its diff applied to a copy of HEAD, its file's tests as they are now.
+
+    A triage entry says which test now kills a survivor; this shows it. A survivor the tests now
+    fail on moves to the row's ``killed_on_recheck`` (counted killed, with the commit of the
+    check); one they still pass stays a survivor with ``recheck`` saying so; a diff that no longer
+    applies (the source changed since the run) stays too, marked stale. Only the named files, or
+    every file of every package record.
+    """
+    commit = commit_of("HEAD")
+    copy = args.workdir / commit / "recheck" / "repo"
+    copy_repository("HEAD", copy)
+    env = environment(copy)
+    triage = load_triage()
+    wanted = set(args.files)
+    for package in PACKAGES:
+        path = RESULTS / f"{package.replace('/', '-')}.json"
+        if not path.exists():
+            continue
+        record = json.loads(path.read_text())
+        changed = False
+        for file, row in record["files"].items():
+            if wanted and file not in wanted:
+                continue
+            row = apply_triage(row, triage)
+            keep = []
+            for s in row["survivors"]:
+                if not (s["triage"] and s["triage"]["verdict"] == "test") or not s.get("diff"):
+                    keep.append(s)
+                    continue
+                target = copy / file
+                original = target.read_text()
+                diff = s["diff"].split("\n", 1)[1] if s["diff"].startswith("--- mutation diff") else s["diff"]
+                applied = subprocess.run(["patch", "-p1", "--silent", "--no-backup-if-mismatch", "-r", "-"],
+                                         input=diff + "\n", cwd=copy, text=True, capture_output=True)
+                try:
+                    if applied.returncode != 0:
+                        s["recheck"] = f"stale: the diff no longer applies at {commit}"
+                        keep.append(s)
+                        continue
+                    limit = max(args.min_timeout, args.timeout_factor * row.get("baseline_s", 0))
+                    try:
+                        done = subprocess.run(test_command(args.python, TESTS[file]), cwd=copy, env=env,
+                                              capture_output=True, text=True, timeout=limit)
+                        killed = done.returncode != 0
+                    except subprocess.TimeoutExpired:
+                        killed = True          # as the run counts a timeout: the suite noticed
+                finally:
+                    target.write_text(original)
+                print(f"#   {file}:{s['line']} {s['operator'].split('/')[-1]}: "
+                      f"{'killed' if killed else 'SURVIVED'} at {commit}", flush=True)
+                if killed:
+                    row["killed"] += 1
+                    row["survived"] -= 1
+                    row.setdefault("killed_on_recheck", []).append({**s, "recheck_commit": commit})
+                else:
+                    s["recheck"] = f"survived the tests at {commit}"
+                    keep.append(s)
+            row["survivors"] = keep
+            record["files"][file] = apply_triage(row, triage)
+            changed = True
+        if changed:
+            record["total"] = total(record["files"].values())
+            record["rechecked"] = {"commit": commit, "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            path.write_text(json.dumps(record, indent=1) + "\n")
+            print(f"# written: {path}")
+    (RESULTS / "campaign.md").write_text(report())
+
+
 def measure_baselines(args) -> None:
     """Run each distinct test selection of the selected files once, unmutated; record its time (BASELINES)."""
     import tempfile
@@ -597,6 +667,8 @@ def main(argv=None) -> int:
     parser.add_argument("--plan", action="store_true", help="count the mutants per file; run nothing")
     parser.add_argument("--report", action="store_true",
                         help="reapply results/mutations/triage.json and write results/mutations/campaign.md; run nothing")
+    parser.add_argument("--recheck", action="store_true",
+                        help="run each survivor triaged 'test' again against its tests now (the named files, or all)")
     parser.add_argument("--baselines", action="store_true",
                         help="time each distinct test selection once, unmutated, into results/mutations/baselines.json")
     args = parser.parse_args(argv)
@@ -616,6 +688,9 @@ def main(argv=None) -> int:
         parser.error("cosmic-ray is not installed in this Python: pip install -e '.[mutation]'")
     if args.baselines:
         measure_baselines(args)
+        return 0
+    if args.recheck:
+        recheck(args)
         return 0
     if args.plan:
         plan(args)

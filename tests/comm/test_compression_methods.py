@@ -47,7 +47,8 @@ def test_wire_bytes_formulas_by_hand():
 @pytest.mark.parametrize("spec, phrase", [("zip", "must be one of"), ("powersgd:0", "positive integer"),
                                           ("powersgd:4:1", "at least 2"), ("topk:0", "(0, 1]"), ("topk:1.5", "(0, 1]"),
                                           ("bf16:1", "takes no argument"), ("powersgd:x", "whole numbers"),
-                                          ("topk:abc", "write topk:FRACTION")])
+                                          ("topk:abc", "write topk:FRACTION"), ("powersgd", "write powersgd:RANK"),
+                                          ("powersgd:4:2:1", "write powersgd:RANK")])
 def test_bad_specs_name_the_problem(spec, phrase):
     with pytest.raises(ValueError, match="compression") as error:
         compression.check_spec(spec)
@@ -183,6 +184,32 @@ def test_powersgd_spec_reads_rank_then_warmup_and_takes_rank_1():
     assert compression.parse_spec("powersgd:4")[1] == (4, 10)          # the documented default warm-up
     assert compression.parse_spec("powersgd:4:20")[1] == (4, 20)
     assert compression.parse_spec("powersgd:1")[1] == (1, 10)
+    counted = PowerSGD(4, 2)
+    for _ in range(3):                                # one buffer a step: ``last`` defaults to True
+        counted.all_reduce_(torch.ones(40 * 30), [(40, 30)])
+    assert counted.steps == 3
+
+
+def test_which_matrices_are_compressed_is_torch_s_rule_at_and_around_the_break_even():
+    """torch's PowerSGD hook compresses when (n + m)·r·2 < n·m, strictly: 8x8 at rank 2 is the tie (64 = 64)."""
+    from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _should_compress
+    for n, m, r in [(8, 8, 2), (8, 8, 1), (9, 8, 2), (12, 10, 4), (40, 30, 4), (3, 3, 1), (16, 16, 4), (17, 15, 4)]:
+        assert matrix_plan((n, m), r)[0] == _should_compress(n, m, r, 2)[0], (n, m, r)
+    assert matrix_plan((8, 8), 2)[0] is False
+
+
+def test_a_bucket_whose_layout_grows_after_warm_up_gets_a_p_buffer_of_its_new_size():
+    """The same key with a larger matrix (DDP's buckets rebuilt, a resumed job's new layout): P is reallocated, and
+    the result is what a compressor that met the larger matrix under a key of its own gives."""
+    small, large = (24, 20), (40, 30)
+    grad = lambda shape, seed: torch.randn(math.prod(shape), generator=torch.Generator().manual_seed(seed))  # noqa: E731
+    same_key, own_key = PowerSGD(4, 0), PowerSGD(4, 0)
+    same_key.all_reduce_(grad(small, 1), [small], key=0)
+    own_key.all_reduce_(grad(small, 1), [small], key=5)
+    a, b = grad(large, 2), grad(large, 2)
+    same_key.all_reduce_(a, [large], key=0)
+    own_key.all_reduce_(b, [large], key=0)
+    assert torch.equal(a, b)
 
 
 def test_orthogonalisation_leaves_a_zero_column_zero_and_the_others_orthonormal():
@@ -226,6 +253,10 @@ def test_powersgd_resumed_at_the_end_of_warm_up_or_after_draws_the_seeds_of_the_
         assert all(torch.equal(w, g) for w, g in zip(want_row, got_row))
     assert resumed.steps == whole.steps == 7
     assert resumed.rng.get_state()[2] == whole.rng.get_state()[2]     # the generator's position: the same draws
+    # and the uninterrupted run drew exactly two seeds (both buckets fresh at step 3), as numpy's own generator says
+    two = np.random.RandomState(0)
+    two.randint(1_000_000_000), two.randint(1_000_000_000)
+    assert whole.rng.get_state()[2] == two.get_state()[2]
 
 
 def test_powersgd_warmup_counts_steps_not_buffers():

@@ -259,6 +259,21 @@ def test_powersgd_resumed_at_the_end_of_warm_up_or_after_draws_the_seeds_of_the_
     assert whole.rng.get_state()[2] == two.get_state()[2]
 
 
+def test_a_saved_q_loads_into_a_model_of_the_same_shapes_and_rank_and_is_refused_at_another_rank():
+    """The Q of a compressed 40x30 gradient holds m·r = 30·4 elements; a bias keeps no Q."""
+    shapes = {"w": (40, 30), "b": (40,)}
+    saved = PowerSGD(4, 0)
+    saved.all_reduce_(torch.randn(1240, generator=torch.Generator().manual_seed(0)), [(40, 30), (40,)],
+                      keys=["w", "b"])
+    state = saved.state_dict()
+    assert {k: v.numel() for k, v in state["q"].items()} == {"w": 120}
+    again = PowerSGD(4, 0)
+    again.load_state_dict(state, shapes=shapes)
+    assert torch.equal(again.state_dict()["q"]["w"], state["q"]["w"])
+    with pytest.raises(ValueError, match="Q \\(rank 2\\) of tensor 'w' has 120 elements where this model and method keep 60"):
+        PowerSGD(2, 0).load_state_dict(state, shapes=shapes)
+
+
 def test_powersgd_warmup_counts_steps_not_buffers():
     """Two buffers per step (two DDP buckets) and 3 warm-up steps: steps 0-2 are exact (one process: the mean is the
     buffer itself), step 3 is the first compressed one. Counting buffers would compress from step 1 (the 3rd buffer)."""

@@ -272,6 +272,25 @@ def test_a_saved_q_loads_into_a_model_of_the_same_shapes_and_rank_and_is_refused
     assert torch.equal(again.state_dict()["q"]["w"], state["q"]["w"])
     with pytest.raises(ValueError, match="Q \\(rank 2\\) of tensor 'w' has 120 elements where this model and method keep 60"):
         PowerSGD(2, 0).load_state_dict(state, shapes=shapes)
+    with pytest.raises(ValueError, match="Q \\(rank 4\\) of tensor 'b' has 120 elements where this model and method keep 0"):
+        PowerSGD(4, 0).load_state_dict({**state, "q": {"b": state["q"]["w"]}}, shapes=shapes)   # a bias keeps no Q
+
+
+def test_a_bucket_of_a_new_key_takes_the_pieces_its_tensors_left_in_other_buckets():
+    """DDP rebuilt its buckets into more of them: bucket 1 is new and holds tensor b, which bucket 0 held."""
+    from ddtrain.comm.compression.memory import BucketMemory
+    memory = BucketMemory()
+    memory.set(0, (("a", 3), ("b", 2)), torch.arange(5.0))
+    got = memory.get(1, (("b", 2),), torch.zeros(2), zeros=True)
+    assert torch.equal(got, torch.tensor([3.0, 4.0]))
+    assert {k: v.tolist() for k, v in memory.state_dict().items()} == {"a": [0.0, 1.0, 2.0], "b": [3.0, 4.0]}
+
+
+def test_the_mean_of_the_ranks_pieces_keeps_only_the_tensors_every_rank_has():
+    from ddtrain.comm.compression.memory import mean_pieces
+    states = [{"a": torch.tensor([0.0]), "b": torch.tensor([1.0])}, {"a": torch.tensor([3.0])},
+              {"a": torch.tensor([6.0]), "b": torch.tensor([2.0])}]
+    assert {k: v.tolist() for k, v in mean_pieces(states).items()} == {"a": [3.0]}
 
 
 def test_powersgd_warmup_counts_steps_not_buffers():

@@ -5,7 +5,7 @@ on 2.4/2.5) shards every parameter along dim 0 as a DTensor, all-gathers a unit'
 before its forward and backward and reduce-scatters its gradients after (FSDP's 1.5x an
 all-reduce's bytes: two all-gathers and a reduce-scatter). It runs on Gloo: torch 2.13's Gloo
 has all the collectives FSDP2 calls (``all_gather_into_tensor``, ``reduce_scatter_tensor``) --
-checked on 3 CPU ranks, tests/sync/test_fsdp.py.
+checked on 3 CPU ranks, tests/sync/test_zero.py::test_fsdp_equals_ddp_and_plain_loop.
 
 Wrapping policy (``units``): consecutive modules grouped into the fewest units of at most
 ``MAX_UNIT_PARAMS`` parameters each (``fully_shard`` of a list: one all-gather and one
@@ -101,16 +101,19 @@ def units(model: torch.nn.Module, max_params: int | None = None) -> list[list[to
     return found
 
 
-def _shard_group(fully_shard, group: list, policy) -> None:
-    """``fully_shard`` a unit: a list of modules as one (torch >= 2.6), each on its own where a list is refused."""
+def _shard_group(fully_shard, group: list, policy) -> int:
+    """``fully_shard`` a unit: a list of modules as one (torch >= 2.6), each on its own where a list is refused;
+    the FSDP units made (each gathers and reduce-scatters on its own)."""
     if len(group) == 1:
         fully_shard(group[0], mp_policy=policy)
-        return
+        return 1
     try:
         fully_shard(group, mp_policy=policy)
+        return 1
     except (TypeError, AttributeError, ValueError, AssertionError):   # torch 2.4/2.5: one module at a time
         for module in group:
             fully_shard(module, mp_policy=policy)
+        return len(group)
 
 
 def _distribute(full: torch.Tensor, like) -> torch.Tensor:
@@ -155,8 +158,7 @@ class FSDPStrategy(Strategy):
         policy = MixedPrecisionPolicy(param_dtype=PARAM_DTYPES[options.fsdp_param_dtype], reduce_dtype=torch.float32)
         self.units = units(model)
         try:
-            for unit in self.units:
-                _shard_group(fully_shard, unit, policy)
+            made = sum(_shard_group(fully_shard, unit, policy) for unit in self.units)
             fully_shard(model, mp_policy=policy)
         except (RuntimeError, ValueError, AssertionError) as exc:
             raise DDTrainError(f"fsdp: fully_shard refused the model: {str(exc).splitlines()[0][:300]}") from None
@@ -192,9 +194,9 @@ class FSDPStrategy(Strategy):
         # the root is not resharded after forward (FSDP2's heuristic: its backward would gather it at once)
         # every training forward is followed by a backward that reduce-scatters (no_sync included: see there)
         self.forward_bytes = int(share * gather_size * (2 * in_units + (total - in_units)) + share * 4 * total)
-        self.forward_messages = (ranks - 1) * (3 * len(self.units) + 2)
+        self.forward_messages = (ranks - 1) * (3 * made + 2)
         self.hooks.append(model.register_forward_pre_hook(lambda *_: self._count_forward()))
-        self.stats.extra["fsdp_units"] = len(self.units) + 1
+        self.stats.extra["fsdp_units"] = made + 1
         if relaid:
             self.stats.extra["fsdp_made_contiguous"] = len(relaid)
 
